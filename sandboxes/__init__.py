@@ -1,0 +1,1 @@
+"""Isolated code execution. Not yet implemented: see the sandboxes issue."""

@@ -1,0 +1,1 @@
+"""Trainers (PPO, GRPO and friends). Not yet implemented: see the trainers issue."""
