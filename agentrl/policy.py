@@ -1,0 +1,76 @@
+"""The policy protocol: an LLM behind an inference backend, token ids in, token ids and log-probs out.
+
+Every backend (``vllm``, ``hf``, ``openai``) implements :class:`Policy`. Generation is awaitable so
+that many episodes share one engine, which batches their requests. The ``version`` grows by one
+with each weight update; each :class:`Generation` records the version that produced it, which the
+trajectory keeps per token (the staleness bound and the off-policy corrections read it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling settings for one generation request."""
+
+    max_tokens: int = 256
+    """Most tokens to generate in one turn."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 is greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 turns it off."""
+    top_k: int = 0
+    """Sample among the k most likely tokens; 0 turns it off."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra token ids that end the turn (the tokenizer's end-of-turn token always does)."""
+    seed: int | None = None
+    """Seed of this request's sampler, for reproducible samples."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"Sampling.max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.temperature < 0:
+            raise ValueError(f"Sampling.temperature must be >= 0, got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p}.")
+
+
+class Generation(NamedTuple):
+    """What one generation request returned."""
+
+    token_ids: list[int]
+    """The generated tokens, the end-of-turn token included when generation stopped on it."""
+    logprobs: list[float]
+    """The behaviour log-prob of each generated token under the unmodified distribution."""
+    version: int
+    """The policy version (weight update count) that produced these tokens."""
+    finish_reason: FinishReason
+    """``stop`` at an end-of-turn token, ``length`` at ``max_tokens``, ``abort`` if cancelled."""
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """An inference backend serving one policy."""
+
+    @property
+    def version(self) -> int:
+        """How many weight updates this policy has had."""
+        ...
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """Continue ``prompt_ids``; safe to call from many tasks at once."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """Load new weights (every tensor of the trainer's ``state_dict()``); return the new version."""
+        ...
+
+    def close(self) -> None:
+        """Free the engine."""
+        ...

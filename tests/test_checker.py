@@ -1,0 +1,89 @@
+"""check_env passes on every registered env and catches each kind of breach."""
+
+import pytest
+
+import agentrl
+from agentrl import AgentEnv, EnvCheckError, Feedback, Message, StepResult
+
+
+@pytest.mark.parametrize("env_id", agentrl.registered_ids())
+def test_every_registered_env_passes(env_id):
+    for split in ("train", "test") if env_id.startswith("agentrl/") else ("train",):
+        kwargs = {"split": split} if env_id.startswith("agentrl/") else {}
+        agentrl.check_env(agentrl.make(env_id, **kwargs))
+
+
+class Good(AgentEnv):
+    """A well-behaved env."""
+
+    def start(self, options):
+        self.n = int(self.np_random.integers(1000))
+        return [Message("user", f"Say {self.n}.")]
+
+    def respond(self, reply):
+        return Feedback([Message("user", "ok")], reward=float(reply.content == str(self.n)), terminated=True)
+
+
+class Unseeded(Good):
+    count = 0
+
+    def start(self, options):
+        Unseeded.count += 1
+        return [Message("user", f"Say {Unseeded.count}.")]
+
+
+class RaisesOnGarbage(Good):
+    def respond(self, reply):
+        return Feedback([], reward=float(int(reply.content)), terminated=True)
+
+
+class ReturnsStrings(Good):
+    def step(self, action):
+        return StepResult(["not a message"], 0.0, True, False, {})
+
+
+class IntFlags(Good):
+    def step(self, action):
+        result = super().step(action)
+        return result._replace(terminated=1)
+
+
+class AsyncDisagrees(Good):
+    async def astep(self, action):
+        result = self.step(action)
+        return result._replace(reward=result.reward + 1)
+
+
+class SpeaksAsAssistant(Good):
+    def start(self, options):
+        return [Message("assistant", "I am the agent.")]
+
+
+class EmptyReset(Good):
+    def start(self, options):
+        return []
+
+
+@pytest.mark.parametrize(
+    "env_class, message",
+    [
+        (Unseeded, r"reset\(seed=0\) to give the same observation twice"),
+        (RaisesOnGarbage, "to answer a bad reply with an observation, but it raised ValueError"),
+        (ReturnsStrings, "to return only agentrl.Message objects; got 'not a message'"),
+        (IntFlags, "to return a bool terminated; got 1"),
+        (AsyncDisagrees, "areset/astep to agree with reset/step"),
+        (SpeaksAsAssistant, "not to speak as the assistant"),
+        (EmptyReset, "at least one message"),
+    ],
+)
+def test_checker_catches_breaches(env_class, message):
+    agentrl.check_env(Good())
+    with pytest.raises(EnvCheckError, match=message):
+        agentrl.check_env(env_class())
+
+
+def test_checker_refuses_plain_gymnasium_envs():
+    import gymnasium as gym
+
+    with pytest.raises(EnvCheckError, match="must subclass agentrl.AgentEnv"):
+        agentrl.check_env(gym.make("CartPole-v1"))

@@ -1,0 +1,182 @@
+import asyncio
+import time
+
+import gymnasium as gym
+import pytest
+
+import agentrl
+from agentrl import AgentEnv, Feedback, Message, ToolCall
+
+
+@agentrl.tool
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first addend.
+        b: The second addend.
+    """
+    return a + b
+
+
+@agentrl.tool(timeout=0.2)
+def slow() -> str:
+    """Sleep far past the limit."""
+    time.sleep(5)
+    return "late"
+
+
+class SumEnv(AgentEnv):
+    """Add two numbers with a tool and answer with the sum."""
+
+    tools = [add, slow]
+
+    def start(self, options):
+        self.a, self.b = (int(x) for x in self.np_random.integers(0, 100, size=2))
+        return [Message("system", "Use add."), Message("user", f"{self.a} + {self.b}?")]
+
+    def respond(self, reply):
+        if reply.tool_calls:
+            return self.call_tools(reply)
+        right = reply.content.strip() == str(self.a + self.b)
+        return Feedback([Message("user", "Right." if right else "Wrong.")], reward=float(right), terminated=True, info={"success": right})
+
+
+def test_agent_env_is_a_gymnasium_env_with_message_spaces():
+    env = SumEnv()
+    assert isinstance(env, gym.Env)
+    observation, info = env.reset(seed=3)
+    assert env.observation_space.contains(observation)
+    assert env.action_space.contains("any text") and not env.action_space.contains(3)
+    assert info == {"turn": 0}
+
+
+def test_seeded_reset_is_deterministic():
+    env = SumEnv()
+    assert env.reset(seed=5).observation == env.reset(seed=5).observation
+    tasks = {env.reset(seed=s).observation[1].content for s in range(20)}
+    assert len(tasks) > 10
+
+
+def test_step_accepts_text_and_messages_and_runs_tools():
+    env = SumEnv()
+    env.reset(seed=1)
+    result = env.step('<tool_call>{"name": "add", "arguments": {"a": %d, "b": %d}}</tool_call>' % (env.a, env.b))
+    assert result.observation == [Message("tool", str(env.a + env.b), tool_call_id="call_0", name="add")]
+    assert (result.reward, result.terminated, result.truncated) == (0.0, False, False)
+    result = env.step(Message("assistant", str(env.a + env.b)))
+    assert (result.reward, result.terminated, result.info["success"]) == (1.0, True, True)
+    assert [m.role for m in env.messages] == ["system", "user", "assistant", "tool", "assistant", "user"]
+
+
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ('<tool_call>{"name": "mul", "arguments": {}}</tool_call>', "unknown tool 'mul'; available tools: add, slow"),
+        ('<tool_call>{"name": "add", "arguments": {"a": "x", "b": 1}}</tool_call>', "expected an integer"),
+        ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>', "missing required argument(s) ['b']"),
+        ("<tool_call>{oops</tool_call>", "not valid JSON"),
+        ('<tool_call>{"name": "slow", "arguments": {}}</tool_call>', "longer than its limit of 0.2 s"),
+    ],
+)
+def test_bad_tool_calls_get_an_error_observation_and_the_episode_goes_on(reply, expected):
+    env = SumEnv()
+    env.reset(seed=0)
+    started = time.perf_counter()
+    observation, reward, terminated, truncated, info = env.step(reply)
+    assert time.perf_counter() - started < 2
+    assert len(observation) == 1 and observation[0].role == "tool"
+    assert observation[0].content.startswith("Error:") and expected in observation[0].content
+    assert not terminated and info["tool_errors"] == 1
+
+
+def test_max_turns_truncates():
+    env = SumEnv(max_turns=2)
+    env.reset(seed=0)
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    assert env.step(call).truncated is False
+    assert env.step(call).truncated is True
+
+
+def test_async_methods_agree_with_sync_and_do_not_block_the_loop():
+    env_a, env_b = SumEnv(), SumEnv()
+
+    async def play():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        obs_a, _ = await env_a.areset(seed=4)
+        # The slow tool runs for its full limit; the loop must keep ticking meanwhile.
+        slow_result = await env_a.astep('<tool_call>{"name": "slow", "arguments": {}}</tool_call>')
+        final = await env_a.astep(str(env_a.a + env_a.b))
+        task.cancel()
+        return obs_a, slow_result, final, ticks
+
+    obs_a, slow_result, final, ticks = asyncio.run(play())
+    assert ticks >= 5, "astep blocked the event loop"
+    assert slow_result.observation[0].content.startswith("Error:")
+    obs_b, _ = env_b.reset(seed=4)
+    env_b.step('<tool_call>{"name": "slow", "arguments": {}}</tool_call>')
+    assert obs_a == obs_b and final == env_b.step(str(env_b.a + env_b.b))
+
+
+def test_wrong_action_types_and_roles_are_rejected_clearly():
+    env = SumEnv()
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match="expects the reply as a str or an assistant Message"):
+        env.step(42)
+    with pytest.raises(ValueError, match="role 'assistant'"):
+        env.step(Message("user", "hi"))
+
+
+def test_random_agent_samples_tool_calls_and_text():
+    env = SumEnv()
+    env.reset(seed=0)
+    samples = [env.action_space.sample() for _ in range(200)]
+    calls = [agentrl.agents.parse_reply(s).tool_calls for s in samples]
+    assert any(c and c[0].error is None for c in calls)
+    assert any(c and c[0].error is not None for c in calls)
+    assert any(not c for c in calls)
+
+
+def test_ansi_render_shows_the_conversation():
+    env = SumEnv(render_mode="ansi")
+    env.reset(seed=0)
+    env.step("12")
+    assert "[user]" in env.render() and "[assistant] 12" in env.render()
+
+
+def test_respond_must_return_feedback():
+    class Broken(SumEnv):
+        def respond(self, reply):
+            return [], 1.0, True
+
+    env = Broken()
+    env.reset(seed=0)
+    with pytest.raises(TypeError, match="must return a Feedback"):
+        env.step("x")
+
+
+def test_toolcall_with_parse_error_is_never_executed():
+    calls = []
+
+    @agentrl.tool
+    def record(x: int) -> int:
+        """Record x."""
+        calls.append(x)
+        return x
+
+    class RecordEnv(SumEnv):
+        tools = [record]
+
+    env = RecordEnv()
+    env.reset(seed=0)
+    reply = Message("assistant", "", tool_calls=[ToolCall("record", {"x": 1}, id="c", error="broken")])
+    observation = env.step(reply).observation
+    assert calls == [] and "could not parse the tool call: broken" in observation[0].content
