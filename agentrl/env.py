@@ -18,9 +18,11 @@ A subclass writes two methods and may declare tools::
             won = reply.content.strip() == self.word
             return Feedback([Message("user", "Right." if won else "Wrong.")], reward=float(won), terminated=True)
 
-Tool calls in a reply are answered by the base class (see :meth:`AgentEnv.respond`), so most envs
-only grade final answers. ``reset`` seeds ``self.np_random`` exactly as gymnasium does, so an env that
-draws its task from ``self.np_random`` is deterministic under a seed.
+A reply with tool calls never reaches ``respond``: the base class runs the calls (without blocking
+the event loop in ``astep``) and answers with one ``tool`` message per call, through
+:meth:`AgentEnv.answer_tools`, which an env may override (to end the episode on a ``submit`` tool,
+say). ``reset`` seeds ``self.np_random`` exactly as gymnasium does, so an env that draws its task
+from ``self.np_random`` is deterministic under a seed.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Any, NamedTuple, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
-from agentrl.tools import Tool, acall_tool, as_tool, call_tool
+from agentrl.tools import Tool, ToolResult, acall_tool, as_tool, call_tool
 from agentrl.types import Message, ToolCall
 
 Observation = list[Message]
@@ -130,7 +132,7 @@ class ReplySpace(gym.Space[str]):
 class AgentEnv(gym.Env[Observation, Action]):
     """A gymnasium environment whose observations are messages and whose actions are replies.
 
-    Subclasses implement :meth:`start` and :meth:`respond`, and may set the class attributes
+    Subclasses implement :meth:`start` and :meth:`respond` (and may override :meth:`answer_tools`), and may set the class attributes
     ``tools`` (callables or :class:`~agentrl.tools.Tool`), ``tool_format`` and ``tool_timeout``.
     ``max_turns`` (a constructor argument) truncates an episode after that many replies.
     I/O-bound envs may override :meth:`areset` / :meth:`astep` with native ``async`` versions.
@@ -153,6 +155,8 @@ class AgentEnv(gym.Env[Observation, Action]):
         self.action_space = ReplySpace(self.tools)
         self.messages: list[Message] = []
         self.turn = 0
+        # None before the first reset, "" during an episode, why it ended after it.
+        self._episode_over: str | None = None
 
     # --- what a subclass writes -------------------------------------------------------------
 
@@ -161,14 +165,14 @@ class AgentEnv(gym.Env[Observation, Action]):
         raise NotImplementedError(f"{type(self).__name__} must implement start(options).")
 
     def respond(self, reply: Message) -> Feedback:
-        """Answer one parsed reply. The default answers tool calls and otherwise ends the episode.
-
-        Envs with tools usually write ``if reply.tool_calls: return self.call_tools(reply)`` first
-        and grade the final answer after it.
-        """
-        if reply.tool_calls:
-            return self.call_tools(reply)
+        """Answer a reply without tool calls. The default ends the episode with reward 0."""
         return Feedback([], reward=0.0, terminated=True)
+
+    def answer_tools(self, reply: Message, results: list[ToolResult]) -> Feedback:
+        """Answer a reply whose tool calls have run. The default sends one ``tool`` message per
+        call and goes on; ``info["tool_errors"]`` counts the calls that failed."""
+        errors = sum(r.error is not None for r in results)
+        return Feedback([r.to_message() for r in results], info={"tool_errors": errors})
 
     # --- the gymnasium contract -------------------------------------------------------------
 
@@ -177,15 +181,17 @@ class AgentEnv(gym.Env[Observation, Action]):
         if seed is not None:
             self.action_space.seed(seed)
         self.turn = 0
+        self._episode_over = ""
         observation = list(self.start(options))
         self.messages = list(observation)
         return ResetResult(observation, {"turn": 0})
 
     def step(self, action: Action) -> StepResult:
-        reply = self.parse_reply(action)
-        self.turn += 1
-        feedback = self.respond(reply)
-        return self._finish_step(reply, feedback)
+        reply = self._begin_step(action)
+        if reply.tool_calls:
+            results = [call_tool(self._tools_by_name, c, self.tool_timeout) for c in reply.tool_calls]
+            return self._finish_step(reply, self.answer_tools(reply, results))
+        return self._finish_step(reply, self.respond(reply))
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
         """Awaitable :meth:`reset`; by default runs it in a thread so the event loop stays free."""
@@ -193,13 +199,13 @@ class AgentEnv(gym.Env[Observation, Action]):
 
     async def astep(self, action: Action) -> StepResult:
         """Awaitable :meth:`step`. Tool calls run without blocking the loop (``async`` tools are
-        awaited, plain ones run in threads); everything else runs :meth:`respond` in a thread."""
+        awaited, plain ones run in threads); :meth:`respond` runs in a thread."""
         reply = self.parse_reply(action)
-        if reply.tool_calls and type(self).respond is AgentEnv.respond:
-            self.turn += 1
-            results = [await acall_tool(self._tools_by_name, c, self.tool_timeout) for c in reply.tool_calls]
-            return self._finish_step(reply, Feedback([r.to_message() for r in results]))
-        return await asyncio.to_thread(self.step, reply)
+        if not reply.tool_calls:
+            return await asyncio.to_thread(self.step, reply)
+        self._begin_step(reply)
+        results = [await acall_tool(self._tools_by_name, c, self.tool_timeout) for c in reply.tool_calls]
+        return self._finish_step(reply, self.answer_tools(reply, results))
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":
@@ -223,19 +229,21 @@ class AgentEnv(gym.Env[Observation, Action]):
             f"got {type(action).__name__}."
         )
 
-    def call_tools(self, reply: Message) -> Feedback:
-        """Run every tool call in ``reply`` and answer with one ``tool`` message per call.
-
-        Never raises: bad calls are answered with an error text (see :mod:`agentrl.tools`), and
-        ``info["tool_errors"]`` counts them.
-        """
-        results = [call_tool(self._tools_by_name, call, self.tool_timeout) for call in reply.tool_calls]
-        errors = sum(r.error is not None for r in results)
-        return Feedback([r.to_message() for r in results], info={"tool_errors": errors})
-
     @property
     def _tools_by_name(self) -> dict[str, Tool]:
         return {t.name: t for t in self.tools}
+
+    def _begin_step(self, action: Action) -> Message:
+        if self._episode_over is None:
+            raise RuntimeError(f"{type(self).__name__}.step was called before reset(); call reset() first.")
+        if self._episode_over:
+            raise RuntimeError(
+                f"{type(self).__name__}.step was called after the episode ended "
+                f"({self._episode_over}); call reset() to start a new one."
+            )
+        reply = self.parse_reply(action)
+        self.turn += 1
+        return reply
 
     def _finish_step(self, reply: Message, feedback: Feedback) -> StepResult:
         if not isinstance(feedback, Feedback):
@@ -247,9 +255,13 @@ class AgentEnv(gym.Env[Observation, Action]):
         truncated = (
             not feedback.terminated and self.max_turns is not None and self.turn >= self.max_turns
         )
-        info = {"turn": self.turn, **feedback.info}
+        info = {"turn": self.turn, **feedback.info}  # a copy: Feedback's default info is shared
+        if truncated:
+            info.setdefault("success", False)
+            self._episode_over = "truncated at max_turns"
+        elif feedback.terminated:
+            self._episode_over = "terminated"
         return StepResult(observation, float(feedback.reward), bool(feedback.terminated), truncated, info)
-
 
 def _random_text(rng: np.random.Generator, words: int) -> str:
     alphabet = string.ascii_letters + string.digits + " +-*/()=.,?!{}[]<>\"':"

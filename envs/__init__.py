@@ -1,1 +1,5 @@
 """Built-in environments; each module registers its ids (``agentrl/<Name>-v<N>``) on import."""
+
+# Importing a module runs its register(...) call; `import agentrl` imports this package, so the
+# built-in ids are known without the user importing anything (as gymnasium's own envs are).
+from agentrl.envs import calculator, codebreaker, countdown  # noqa: F401

@@ -36,8 +36,6 @@ class SumEnv(AgentEnv):
         return [Message("system", "Use add."), Message("user", f"{self.a} + {self.b}?")]
 
     def respond(self, reply):
-        if reply.tool_calls:
-            return self.call_tools(reply)
         right = reply.content.strip() == str(self.a + self.b)
         return Feedback([Message("user", "Right." if right else "Wrong.")], reward=float(right), terminated=True, info={"success": right})
 
@@ -180,3 +178,28 @@ def test_toolcall_with_parse_error_is_never_executed():
     reply = Message("assistant", "", tool_calls=[ToolCall("record", {"x": 1}, id="c", error="broken")])
     observation = env.step(reply).observation
     assert calls == [] and "could not parse the tool call: broken" in observation[0].content
+
+
+def test_step_outside_an_episode_is_refused():
+    env = SumEnv()
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("1")
+    env.reset(seed=0)
+    env.step("1")
+    with pytest.raises(RuntimeError, match="after the episode ended"):
+        env.step("1")
+
+
+def test_truncation_reports_no_success_and_answer_tools_can_be_overridden():
+    class SubmitEnv(SumEnv):
+        def answer_tools(self, reply, results):
+            feedback = super().answer_tools(reply, results)
+            return feedback._replace(terminated=reply.tool_calls[0].name == "add", reward=0.5)
+
+    env = SumEnv(max_turns=1)
+    env.reset(seed=0)
+    assert env.step('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>').info["success"] is False
+    env = SubmitEnv()
+    env.reset(seed=0)
+    result = asyncio.run(env.astep('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'))
+    assert (result.terminated, result.reward, result.observation[0].content) == (True, 0.5, "3")
