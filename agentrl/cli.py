@@ -1,0 +1,418 @@
+"""The ``agentrl`` command line: list, check and play message environments.
+
+::
+
+    agentrl envs                                   # the registered env ids, one line each
+    agentrl check agentrl/Calculator-v0            # run agentrl.check_env on one env
+    agentrl play agentrl/Calculator-v0             # play it yourself in the terminal
+    agentrl play agentrl/Countdown-v0 --agent random --episodes 3 --seed 0
+
+Every command that makes an env takes ``--kwarg key=value`` (repeatable) for the env's constructor
+arguments; values are read as JSON when they parse (``max_turns=4``, ``words=["a","b"]``) and as
+plain strings otherwise (``split=test``).
+
+Exit codes: 0 success, 1 the env failed (a check, or an error while playing), 2 a usage error (an
+unknown env id, a malformed ``--kwarg``, constructor arguments the env rejects), 130 interrupted.
+
+New commands are plain functions decorated with ``@app.command()``; the helpers here
+(:func:`parse_kwargs`, :func:`make_env_or_exit`, :func:`print_message`) are meant for them.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sys
+import warnings
+from dataclasses import dataclass
+from typing import Annotated, Any, NoReturn, TextIO
+
+import gymnasium as gym
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+import agentrl
+from agentrl.registry import load_plugins
+from agentrl.types import Message
+
+app = typer.Typer(
+    name="agentrl",
+    help="Train LLM agents with reinforcement learning: list, check and play message environments.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+ROLE_STYLES: dict[str, str] = {"system": "magenta", "user": "cyan", "assistant": "green", "tool": "yellow"}
+DEFAULT_RANDOM_MAX_TURNS = 20
+"""How many turns a random agent plays when neither ``--max-turns`` nor the env sets a limit."""
+
+KwargOption = Annotated[
+    list[str],
+    typer.Option(
+        "--kwarg",
+        "-k",
+        help="Env constructor argument as key=value (repeatable); the value is read as JSON if it "
+        "parses, else as a string.",
+    ),
+]
+
+
+class AgentKind(str, enum.Enum):
+    """Who plays in ``agentrl play``."""
+
+    human = "human"
+    random = "random"
+
+
+class Split(str, enum.Enum):
+    """The task split an env draws from (passed to the env as ``split=``)."""
+
+    train = "train"
+    test = "test"
+
+
+# --- helpers for commands ---------------------------------------------------------------------
+
+
+def parse_kwargs(pairs: list[str]) -> dict[str, Any]:
+    """Parse ``["key=value", ...]`` into a dict, reading each value as JSON when it parses.
+
+    >>> parse_kwargs(["max_turns=4", "split=test", "flag=true"])
+    {'max_turns': 4, 'split': 'test', 'flag': True}
+
+    Raises ``typer.BadParameter`` (a usage error, exit code 2) for anything but ``key=value``.
+    """
+    kwargs: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise typer.BadParameter(
+                f"expected key=value with a Python identifier as the key (e.g. max_turns=4), got {pair!r}.",
+                param_hint="'--kwarg'",
+            )
+        try:
+            kwargs[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            kwargs[key] = raw
+    return kwargs
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``message`` in red on stderr and exit with ``code``."""
+    err_console.print(Text(message, style="bold red"), soft_wrap=True)  # unwrapped: greppable
+    raise typer.Exit(code)
+
+
+def make_env_or_exit(env_id: str, kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
+    """``agentrl.make(env_id, **kwargs)``, turning the usual mistakes into exit code 2.
+
+    An unknown id prints the registry's "did you mean" message; constructor arguments the env
+    rejects print the env's own error. Neither shows a traceback.
+    """
+    try:
+        return agentrl.make(env_id, **kwargs)
+    except agentrl.UnknownEnvError as e:
+        fail(str(e), code=2)
+    except (TypeError, ValueError) as e:
+        fail(f"Could not make {env_id!r} with {kwargs}: {type(e).__name__}: {e}", code=2)
+
+
+def print_message(message: Message, out: Console | None = None) -> None:
+    """Print one chat message as a panel coloured by its role, tool calls listed under the text."""
+    out = out or console
+    body = Text(message.content)
+    for call in message.tool_calls:
+        if body:
+            body.append("\n")
+        if call.error:
+            body.append(f"x malformed tool call: {call.error}", style="red")
+        else:
+            body.append(f"-> {call.name}({json.dumps(call.arguments, ensure_ascii=False)})", style="bold")
+    title = message.role if message.name is None else f"{message.role} ({message.name})"
+    if message.tool_call_id is not None:
+        title += f" | {message.tool_call_id}"
+    out.print(
+        Panel(
+            body, title=escape(title), title_align="left", border_style=ROLE_STYLES.get(message.role, "white")
+        )
+    )
+
+
+def read_reply(stream: TextIO, out: Console | None = None) -> str | None:
+    """Read one multi-line reply: the lines up to the first empty line; ``None`` at end of input.
+
+    Empty lines before any text are skipped. At end of input (Ctrl-D) the text typed so far is
+    the reply; if nothing was typed, the result is ``None``.
+    """
+    out = out or console
+    out.print("[bold green]you>[/] [dim](end with an empty line; Ctrl-D quits)[/]")
+    lines: list[str] = []
+    while True:
+        line = stream.readline()
+        if not line:  # end of input
+            return "\n".join(lines) if lines else None
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            if lines:
+                return "\n".join(lines)
+            continue
+        lines.append(line)
+
+
+# --- commands ---------------------------------------------------------------------------------
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        console.print(f"agentrl {agentrl.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", callback=_version_callback, is_eager=True
+        ),
+    ] = False,
+) -> None:
+    """Train LLM agents with reinforcement learning: list, check and play message environments."""
+
+
+@app.command("envs")
+def envs_command(
+    namespace: Annotated[
+        str | None, typer.Option("--namespace", "-n", help="Only ids in this namespace, e.g. agentrl.")
+    ] = None,
+) -> None:
+    """List the registered message envs with a one-line description each."""
+    ids = agentrl.registered_ids(namespace)
+    table = Table(title="agentrl environments", title_justify="left")
+    table.add_column("id", style="bold cyan", no_wrap=True)
+    table.add_column("description")
+    for env_id in ids:
+        try:
+            description = Text(agentrl.describe(env_id))
+        except Exception as e:  # noqa: BLE001 - one broken env must not hide the others
+            description = Text(f"could not load: {type(e).__name__}: {e}", style="red")
+        table.add_row(env_id, description)
+    console.print(table)
+    if not ids:
+        console.print(
+            "No message envs are registered" + (f" in namespace {namespace!r}." if namespace else ".")
+        )
+    failed = load_plugins()  # already loaded above; each failure was warned about then
+    if failed:
+        err_console.print(
+            Text(f"{len(failed)} env plugin(s) failed to load: {sorted(failed)}", style="yellow")
+        )
+
+
+@app.command("check")
+def check_command(
+    env_id: Annotated[str, typer.Argument(help="The env id, e.g. agentrl/Calculator-v0.")],
+    seed: Annotated[int, typer.Option(help="Seed for the checker's resets.")] = 0,
+    kwarg: KwargOption = [],  # noqa: B006 (typer reads the default; it is never mutated)
+) -> None:
+    """Run agentrl.check_env on one env: exit 0 if it passes, 1 with the reason if not."""
+    env = make_env_or_exit(env_id, parse_kwargs(kwarg))
+    try:
+        agentrl.check_env(env, seed=seed)
+    except Exception as e:  # noqa: BLE001 - EnvCheckError, or the env itself raising inside the checker
+        kind = "" if isinstance(e, agentrl.EnvCheckError) else f"{type(e).__name__}: "
+        fail(f"{env_id} failed the check: {kind}{e}")
+    finally:
+        env.close()
+    console.print(f"[bold green]passed[/]: {escape(env_id)} follows the agentrl env contract.")
+
+
+@dataclass
+class EpisodeSummary:
+    """One played episode, as the summary table shows it."""
+
+    seed: int | None
+    turns: int = 0
+    reward: float = 0.0
+    ended_by: str = ""
+
+
+@app.command("play")
+def play_command(
+    env_id: Annotated[str, typer.Argument(help="The env id, e.g. agentrl/Calculator-v0.")],
+    agent: Annotated[
+        AgentKind, typer.Option(help="human: you type the replies; random: env.action_space.sample().")
+    ] = AgentKind.human,
+    seed: Annotated[
+        int | None, typer.Option(help="Seed of the first episode; episode i uses seed + i.")
+    ] = None,
+    episodes: Annotated[int, typer.Option(min=1, help="How many episodes to play.")] = 1,
+    split: Annotated[Split | None, typer.Option(help="Task split, passed to the env as split=.")] = None,
+    max_turns: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help=f"Stop an episode after this many replies. Default: the env's own limit; for the "
+            f"random agent at most {DEFAULT_RANDOM_MAX_TURNS}.",
+        ),
+    ] = None,
+    kwarg: KwargOption = [],  # noqa: B006
+) -> None:
+    """Play an env in the terminal, as yourself or as a random agent.
+
+    Type each reply over one or more lines and end it with an empty line.
+
+    Call a tool with <tool_call>{"name": ..., "arguments": {...}}</tool_call> or with that JSON
+    object alone.
+
+    End of input (Ctrl-D, or the end of piped stdin) sends what was typed and ends the session.
+    """
+    kwargs = parse_kwargs(kwarg)
+    if split is not None:
+        kwargs["split"] = split.value
+    env = make_env_or_exit(env_id, kwargs)
+    turn_cap = max_turns
+    if turn_cap is None and agent is AgentKind.random and getattr(env.unwrapped, "max_turns", None) is None:
+        turn_cap = DEFAULT_RANDOM_MAX_TURNS  # a random agent may never finish an episode by itself
+    if agent is AgentKind.human:
+        _print_tools(env)
+    summaries: list[EpisodeSummary] = []
+    try:
+        for episode in range(episodes):
+            episode_seed = None if seed is None else seed + episode
+            console.rule(
+                f"{escape(env_id)} | episode {episode + 1}/{episodes}"
+                + ("" if episode_seed is None else f" | seed {episode_seed}")
+            )
+            summary = _play_episode(env, agent, episode_seed, turn_cap)
+            summaries.append(summary)
+            if summary.ended_by == "end of input":
+                break
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        _print_summary(summaries)
+        raise typer.Exit(130) from None
+    except Exception as e:  # noqa: BLE001 - the env raised: show it plainly, it is the env's bug to fix
+        _print_summary(summaries)
+        fail(f"{env_id} raised while playing: {type(e).__name__}: {e}")
+    finally:
+        env.close()
+    _print_summary(summaries)
+
+
+def _play_episode(
+    env: gym.Env[Any, Any], agent: AgentKind, seed: int | None, turn_cap: int | None
+) -> EpisodeSummary:
+    summary = EpisodeSummary(seed=seed)
+    observation, info = env.reset(seed=seed)
+    for message in observation:
+        print_message(message)
+    if info:
+        console.print(Text(f"info {info}", style="dim"))
+    while True:
+        if turn_cap is not None and summary.turns >= turn_cap:
+            summary.ended_by = f"turn cap ({turn_cap})"
+            console.print(f"[yellow]stopped after {turn_cap} turns[/] (the turn cap; see --max-turns)")
+            return summary
+        if agent is AgentKind.random:
+            action = env.action_space.sample()
+            print_message(Message("assistant", action))
+        else:
+            action = read_reply(sys.stdin)
+            if action is None:
+                summary.ended_by = "end of input"
+                console.print("[yellow]end of input: episode ended[/]")
+                return summary
+            if not sys.stdin.isatty():  # piped replies are not on the screen yet
+                parse = getattr(env.unwrapped, "parse_reply", None)
+                print_message(parse(action) if parse else Message("assistant", action))
+        observation, reward, terminated, truncated, info = env.step(action)
+        summary.turns += 1
+        summary.reward += float(reward)
+        for message in observation:
+            print_message(message)
+        _print_step(float(reward), bool(terminated), bool(truncated), info)
+        if terminated or truncated:
+            summary.ended_by = "terminated" if terminated else "truncated"
+            return summary
+
+
+def _print_tools(env: gym.Env[Any, Any]) -> None:
+    tools = list(getattr(env.unwrapped, "tools", []) or [])
+    if not tools:
+        return
+    table = Table(title="tools you can call", title_justify="left", show_header=True)
+    table.add_column("name", style="bold yellow", no_wrap=True)
+    table.add_column("parameters")
+    table.add_column("description")
+    for t in tools:
+        params = ", ".join(
+            f"{k}: {v.get('type', 'any')}" for k, v in t.parameters.get("properties", {}).items()
+        )
+        table.add_row(t.name, params, t.description.splitlines()[0] if t.description else "")
+    console.print(table)
+    example = json.dumps(
+        {"name": tools[0].name, "arguments": {k: "..." for k in tools[0].parameters.get("properties", {})}}
+    )
+    console.print(
+        Text(f"Call one as <tool_call>{example}</tool_call>, or as the JSON object alone.", style="dim")
+    )
+
+
+def _print_step(reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
+    line = Text()
+    line.append(
+        f"reward {reward:g}", style="bold green" if reward > 0 else "bold red" if reward < 0 else "bold"
+    )
+    line.append(f"  terminated {terminated}  truncated {truncated}")
+    if info:
+        line.append(f"  info {info}", style="dim")
+    console.print(line)
+
+
+def _print_summary(summaries: list[EpisodeSummary]) -> None:
+    if not summaries:
+        return
+    table = Table(title="summary", title_justify="left")
+    for column in ("episode", "seed", "turns", "return", "ended by"):
+        table.add_column(column, justify="right" if column in ("episode", "turns", "return") else "left")
+    for i, s in enumerate(summaries, start=1):
+        table.add_row(
+            str(i), "-" if s.seed is None else str(s.seed), str(s.turns), f"{s.reward:g}", s.ended_by
+        )
+    console.print(table)
+    mean = sum(s.reward for s in summaries) / len(summaries)
+    console.print(f"mean return {mean:g} over {len(summaries)} episode(s)")
+
+
+def _show_warning(
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: TextIO | None = None,
+    line: str | None = None,
+) -> None:
+    # A command-line user needs the warning's text, not the source line that raised it.
+    err_console.print(Text(f"warning: {message}", style="yellow"), soft_wrap=True)
+
+
+def main() -> None:
+    """Entry point of the ``agentrl`` console script."""
+    warnings.showwarning = _show_warning
+    for stream in (sys.stdout, sys.stderr):  # env text may hold characters the terminal cannot show
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+    app(prog_name="agentrl")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Helpers for tests: a tiny, offline chat tokenizer that behaves like a real one.
+
+Tests must never download a model or a tokenizer. :func:`build_tiny_tokenizer` trains a byte-level
+BPE tokenizer in-process (well under a second) on a small corpus kept in this module, and dresses
+it as a ChatML chat model: ``<|im_start|>`` / ``<|im_end|>`` turns, ``<|im_end|>`` as the
+end-of-turn and eos token, ``<|endoftext|>`` as padding, and a Hermes-style chat template with tool
+calling. Because it is byte-level, any text round-trips exactly through ``encode`` / ``decode``;
+because training is deterministic, every build has the same vocabulary, so a tiny model built
+with :data:`TINY_VOCAB_SIZE` embeddings can be saved and reloaded next to it.
+
+>>> from agentrl.testing import build_tiny_tokenizer
+>>> tokenizer = build_tiny_tokenizer()
+>>> text = tokenizer.apply_chat_template(
+...     [{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True, tokenize=False
+... )
+>>> text
+'<|im_start|>user\\nWhat is 2 + 3?<|im_end|>\\n<|im_start|>assistant\\n'
+>>> tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+True
+
+Use it in your own tests as a fixture::
+
+    @pytest.fixture(scope="session")
+    def tokenizer():
+        return build_tiny_tokenizer()
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # transformers is imported only when a tokenizer is built
+    from transformers import PreTrainedTokenizerFast
+
+#: The size of the tiny tokenizer's vocabulary, special tokens included. Build tiny models with
+#: exactly this many embeddings.
+TINY_VOCAB_SIZE = 1024
+PAD_TOKEN = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+#: Special tokens in id order: ``<|endoftext|>`` is 0, ``<|im_start|>`` 1, ``<|im_end|>`` 2.
+SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, IM_START, IM_END)
+
+#: A ChatML template with Hermes-style tool calling, written for agentrl's tests. Tools go into the
+#: system turn as JSON lines; an assistant's tool calls are ``<tool_call>`` JSON blocks after its
+#: text (one ``\\n`` apart, the shape :func:`agentrl.agents.tool_formats.format_tool_calls` writes);
+#: consecutive ``tool`` messages become one user turn of ``<tool_response>`` blocks. Every piece of
+#: output is an explicit string expression, so whitespace never depends on Jinja's trimming rules.
+TINY_CHAT_TEMPLATE = (
+    "{%- if messages and messages[0].role == 'system' %}"
+    "{%- set system_text = messages[0].content or '' %}{%- set turns = messages[1:] %}"
+    "{%- else %}{%- set system_text = none %}{%- set turns = messages %}{%- endif %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if system_text %}{{- system_text + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call the functions listed in <tools></tools> below.\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nTo call a function, answer with a JSON object in a <tool_call></tool_call> block:\\n'"
+    " + '<tool_call>\\n{\"name\": <function-name>, \"arguments\": <arguments-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- elif system_text is not none %}"
+    "{{- '<|im_start|>system\\n' + system_text + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in turns %}"
+    "{%- if message.role == 'assistant' %}"
+    "{{- '<|im_start|>assistant\\n' + (message.content or '') }}"
+    "{%- for call in message.tool_calls or [] %}"
+    "{%- set fn = call.function if call.function is defined else call %}"
+    "{%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": ' + (fn.name | tojson) + ', \"arguments\": ' }}"
+    "{%- if fn.arguments is string %}{{- fn.arguments }}{%- else %}{{- fn.arguments | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- elif message.role == 'tool' %}"
+    "{%- if loop.first or turns[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + (message.content or '') + '\\n</tool_response>' }}"
+    "{%- if loop.last or turns[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- else %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+# Text the tokenizer should compress well: chat scaffolding, tool calls, arithmetic and prose.
+# Everything else still encodes, byte by byte.
+_PROSE = """\
+You are a helpful assistant. You answer questions about numbers, words and the weather.
+The user asks a question and the assistant answers it. When a tool can help, the assistant calls
+the tool, reads the result, and then gives the final answer in one short sentence.
+What is the sum of two and three? The sum of two and three is five.
+What is the product of six and seven? Six times seven is forty two.
+Please compute the expression and tell me the answer. Let me compute that for you.
+The answer is correct. That is not right, try again. Good job! Well done.
+I will use the calculator tool to check the result before I answer.
+Thank you for your help. You are welcome. Is there anything else I can do?
+The quick brown fox jumps over the lazy dog while the cat sleeps in the sun.
+A function takes arguments and returns a value. An error means the call failed.
+Read the file, write the file, run the code, and report what happened.
+The weather in Paris is sunny today, with a high of 21 degrees and a light wind.
+In Berlin it is cloudy and cool; in Rome it is warm and dry; in London it rains.
+Search the documents for the keyword and return the first three matching lines.
+Count the words in the sentence: one two three four five six seven eight nine ten.
+Agents act in environments, receive observations and rewards, and learn a policy.
+The episode ends when the task is solved or the number of turns runs out.
+Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and Sunday are the days of the week.
+January, February, March, April, May, June, July, August, September, October, November, December.
+Red, orange, yellow, green, blue, indigo and violet are the colours of the rainbow.
+Apples, bananas, cherries, grapes, lemons, mangoes, oranges, peaches and pears grow on farms.
+The library opens at nine in the morning and closes at six in the evening, except on holidays.
+Her favourite book describes a journey across mountains, rivers, forests and frozen lakes.
+Students learn algebra, geometry, history, chemistry, biology, physics and literature at school.
+If the number is even, divide it by two; otherwise multiply it by three and add one.
+Python, Rust, Java, Go and JavaScript are programming languages; SQL queries a database.
+Hello, world! How are you today? I am fine, thanks. Goodbye, see you tomorrow.
+"""
+
+_JSON = """\
+{"name": "calculate", "arguments": {"expression": "2 + 3"}}
+{"name": "calculate", "arguments": {"expression": "(4 * 5) - 6"}}
+{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}
+{"name": "search", "arguments": {"query": "reinforcement learning", "limit": 3}}
+{"name": "read_file", "arguments": {"path": "/tmp/data.txt"}}
+{"type": "function", "function": {"name": "calculate", "description": "Evaluate an arithmetic expression.", \
+"parameters": {"type": "object", "properties": {"expression": {"type": "string", \
+"description": "The expression to evaluate."}}, "required": ["expression"]}}}
+{"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}, \
+"flag": {"type": "boolean"}, "items": {"type": "array"}}, "required": ["a", "b"], "nullable": true}
+{"result": 5, "error": null, "ok": true, "values": [1, 2, 3], "text": "done"}
+"""
+
+_CHAT = """\
+<|im_start|>system
+You are a helpful assistant.<|im_end|>
+<|im_start|>user
+What is 2 + 3?<|im_end|>
+<|im_start|>assistant
+Let me compute that.
+<tool_call>
+{"name": "calculate", "arguments": {"expression": "2 + 3"}}
+</tool_call><|im_end|>
+<|im_start|>user
+<tool_response>
+5
+</tool_response><|im_end|>
+<|im_start|>assistant
+The answer is 5.<|im_end|>
+# Tools
+
+You may call the functions listed in <tools></tools> below.
+To call a function, answer with a JSON object in a <tool_call></tool_call> block:
+Error: unknown tool; available tools: calculate, search. Error: bad arguments for calculate.
+"""
+
+
+def _corpus() -> list[str]:
+    arithmetic = [
+        f"{a} + {b} = {a + b}; {a} * {b} = {a * b}; {a + b} - {b} = {a}"
+        for a in range(0, 30, 3)
+        for b in range(1, 20, 4)
+    ]
+    return [_PROSE, _JSON, _CHAT, *arithmetic]
+
+
+def build_tiny_tokenizer(save_dir: str | Path | None = None) -> PreTrainedTokenizerFast:
+    """Train the tiny ChatML tokenizer (deterministic, offline); save it to ``save_dir`` if given.
+
+    The result is a ``transformers`` fast tokenizer with :data:`TINY_VOCAB_SIZE` tokens,
+    ``eos_token`` ``<|im_end|>``, ``pad_token`` ``<|endoftext|>``, no BOS token, and
+    :data:`TINY_CHAT_TEMPLATE` as its chat template (tools, tool calls and tool results included).
+
+    >>> tokenizer = build_tiny_tokenizer()
+    >>> len(tokenizer) == TINY_VOCAB_SIZE, tokenizer.eos_token
+    (True, '<|im_end|>')
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    # No prefix space: " hello" and "hello" must stay different texts, or decode(encode(x)) != x.
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        # All 256 byte symbols, seen in the corpus or not, so any UTF-8 text can be encoded.
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(_corpus(), trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=IM_END,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[IM_START],
+        chat_template=TINY_CHAT_TEMPLATE,
+        # Decoding must give back the exact text, spaces before punctuation included.
+        clean_up_tokenization_spaces=False,
+        model_max_length=32_768,
+    )
+    if len(tokenizer) != TINY_VOCAB_SIZE:  # the corpus ran out of merges; grow it
+        raise RuntimeError(
+            f"The tiny tokenizer has {len(tokenizer)} tokens, not TINY_VOCAB_SIZE={TINY_VOCAB_SIZE}; "
+            "the built-in corpus is too small for that many merges."
+        )
+    if save_dir is not None:
+        tokenizer.save_pretrained(str(save_dir))
+    return tokenizer

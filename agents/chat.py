@@ -1,0 +1,481 @@
+"""Chat agents: an env's messages and tools in, prompt token ids out; completions in, messages out.
+
+A :class:`ChatAgent` is the glue between an environment and a policy for one role: the tokenizer
+and its chat template, the tools rendered into the prompt, an optional system prompt, and the
+tool-call format used to parse replies. A :class:`TrajectoryBuilder` uses it to record one episode
+as the exact token ids the policy saw and produced (:class:`~agentrl.types.Trajectory`).
+
+History is never re-tokenised. The prompt is rendered and encoded once; after that, each turn
+appends the policy's own generated ids, and each observation appends the chat template's *delta*:
+the text the template writes after an assistant turn's end-of-turn token, the new messages, and
+the generation prompt for the next turn. The delta is computed from a fixed three-message
+placeholder conversation, so its cost does not grow with the episode.
+
+>>> from agentrl.testing import build_tiny_tokenizer
+>>> agent = ChatAgent(build_tiny_tokenizer())
+>>> builder = TrajectoryBuilder(agent)
+>>> prompt = builder.start([Message("user", "What is 2 + 3?")])
+>>> reply = builder.add_turn(agent.encode("5") + agent.end_of_turn_ids, [-0.5, -0.1], version=0)
+>>> reply.content
+'5'
+>>> _ = builder.add_observation([Message("user", "Right.")], reward=1.0)
+>>> trajectory = builder.finish(terminated=True)
+>>> trajectory.reward, trajectory.num_generated
+(1.0, 2)
+
+Assumptions, true of the chat templates of the common chat models (ChatML / Qwen / SmolLM,
+Llama 3, Mistral, Gemma, Phi) and checked where they can be:
+
+- appending messages leaves the rendering of the earlier turns unchanged (checked on the
+  placeholder's user turn; a template that re-renders *assistant* turns differently once they
+  are no longer last, as Qwen3 drops old thinking blocks, is fine: those tokens are the policy's
+  own and are kept as generated);
+- an assistant turn ends with one end-of-turn text (found in the template, or given as
+  ``end_of_turn``) on which the policy stops; a generation cut before it gets it appended as an
+  observation token, so the next turn always starts from a closed one;
+- what the template writes after that end-of-turn text depends only on the new messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from agentrl.agents.tool_formats import TOOL_FORMATS, ToolFormat, parse_reply
+from agentrl.tools import Tool, as_tool
+from agentrl.types import Message, Trajectory
+
+if TYPE_CHECKING:  # transformers is heavy; the agent only calls methods on the tokenizer it is given
+    from transformers import PreTrainedTokenizerBase
+
+    from agentrl.env import AgentEnv
+
+# Plain words, so no template rewrites them and no tokenizer has a special token inside them.
+_QUESTION = "agentrl placeholder question"
+_REPLY = "agentrl placeholder reply"
+_FOLLOW_UP = "agentrl placeholder follow-up"
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot append observations as a delta (see :mod:`agentrl.agents.chat`)."""
+
+
+class ChatAgent:
+    """Renders messages into prompt token ids and parses completions, for one agent role.
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer with a chat template (or pass ``chat_template``).
+        tools: the tools offered to the model (:class:`~agentrl.tools.Tool`, typed callables, or
+            raw JSON schemas), rendered with ``apply_chat_template(tools=...)``.
+        system_prompt: this role's system prompt. It is put before the env's own system message
+            (one blank line apart) or, if the env sends none, becomes the system message.
+        tool_format: how tool calls are read from completions (see
+            :func:`~agentrl.agents.tool_formats.parse_reply`).
+        chat_template: a Jinja template to use instead of the tokenizer's own.
+        chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
+        end_of_turn: the text that ends an assistant turn (a special token such as ``<|im_end|>``
+            or ``<|eot_id|>``). By default it is read from the template: the first special or
+            added token written after an assistant message.
+
+    >>> from agentrl.testing import build_tiny_tokenizer
+    >>> agent = ChatAgent(build_tiny_tokenizer(), system_prompt="Be brief.")
+    >>> agent.render(agent.conversation([Message("user", "Hi")]), add_generation_prompt=True)
+    '<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
+    >>> agent.end_of_turn
+    '<|im_end|>'
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        tools: Sequence[Tool | Callable[..., Any] | Mapping[str, Any]] = (),
+        *,
+        system_prompt: str | None = None,
+        tool_format: ToolFormat = "auto",
+        chat_template: str | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        end_of_turn: str | None = None,
+    ):
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"Unknown tool_format {tool_format!r}; expected one of {TOOL_FORMATS}.")
+        if chat_template is None and not getattr(tokenizer, "chat_template", None):
+            raise ChatTemplateError(
+                f"Tokenizer {_tokenizer_name(tokenizer)} has no chat template; pass chat_template=... "
+                "or use an instruction-tuned model's tokenizer."
+            )
+        self.tokenizer = tokenizer
+        self.tool_schemas: list[dict[str, Any]] = [
+            dict(t) if isinstance(t, Mapping) else as_tool(t).schema for t in tools
+        ]
+        self.system_prompt = system_prompt
+        self.tool_format: ToolFormat = tool_format
+        self.chat_template = chat_template
+        self.chat_template_kwargs: dict[str, Any] = dict(chat_template_kwargs or {})
+        self.end_of_turn: str = end_of_turn if end_of_turn is not None else self._find_end_of_turn()
+        #: The token ids of :attr:`end_of_turn`: one id for a special token, which the inference
+        #: engine should stop on (vLLM ``stop_token_ids``); a multi-token text needs a stop string.
+        self.end_of_turn_ids: list[int] = self.encode(self.end_of_turn)
+        if not self.end_of_turn_ids:
+            raise ValueError("end_of_turn must be a non-empty text.")
+
+    @classmethod
+    def from_env(cls, tokenizer: PreTrainedTokenizerBase, env: AgentEnv, **kwargs: Any) -> ChatAgent:
+        """An agent for ``env``: its tools and its tool-call format, plus any other arguments."""
+        kwargs.setdefault("tool_format", env.tool_format)
+        return cls(tokenizer, env.tools, **kwargs)
+
+    @property
+    def template_name(self) -> str:
+        """Which template this agent renders with, for error messages."""
+        if self.chat_template is not None:
+            return "the chat_template given to ChatAgent"
+        return f"the chat template of tokenizer {_tokenizer_name(self.tokenizer)}"
+
+    # --- text -----------------------------------------------------------------------------------
+
+    def conversation(self, messages: Sequence[Message]) -> list[Message]:
+        """``messages`` with this agent's system prompt applied (see the class docstring)."""
+        if self.system_prompt is None:
+            return list(messages)
+        if messages and messages[0].role == "system":
+            env_system = messages[0].content
+            content = f"{self.system_prompt}\n\n{env_system}" if env_system else self.system_prompt
+            return [Message("system", content), *messages[1:]]
+        return [Message("system", self.system_prompt), *messages]
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str:
+        """The chat template's text for ``messages`` as given (no system prompt added), with tools."""
+        return self._render([m.to_dict() for m in messages], add_generation_prompt)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, with no BOS/EOS added: the template already wrote every special
+        token the model expects, and adding them again would double a BOS (Llama) or append an
+        EOS in the middle of a conversation."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # --- token ids ------------------------------------------------------------------------------
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        """Token ids of the first prompt: the system prompt, ``messages``, tools and the generation
+        prompt, rendered by the chat template and encoded once."""
+        return self.encode(self.render(self.conversation(messages), add_generation_prompt=True))
+
+    def observation_text(self, messages: Sequence[Message], *, turn_closed: bool = True) -> str:
+        """The text to append after an assistant turn so the conversation continues with
+        ``messages`` and then a new assistant turn.
+
+        It is what the template writes after the end-of-turn text of an assistant message (the
+        ``"\\n"`` after ``<|im_end|>`` in ChatML), the messages, and the generation prompt. If the
+        turn was not closed (the generation hit its token limit), it starts with the end-of-turn
+        text itself.
+
+        >>> from agentrl.testing import build_tiny_tokenizer
+        >>> ChatAgent(build_tiny_tokenizer()).observation_text([Message("tool", "5")])
+        '\\n<|im_start|>user\\n<tool_response>\\n5\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n'
+        """
+        head = [{"role": "user", "content": _QUESTION}]
+        reply: dict[str, Any] = {"role": "assistant", "content": _REPLY}
+        # Templates that pair tool results with the calls before them get matching calls.
+        tool_messages = [m for m in messages if m.role == "tool"]
+        calls = [
+            {"type": "function", "id": m.tool_call_id or f"call_{i}", "function": {"name": m.name or "tool", "arguments": {}}}
+            for i, m in enumerate(tool_messages)
+        ]
+        if calls:
+            reply["tool_calls"] = calls
+        before = self._render(head, add_generation_prompt=False)
+        after = self._render([*head, reply, *(m.to_dict() for m in messages)], add_generation_prompt=True)
+        if not after.startswith(before):
+            raise ChatTemplateError(
+                f"{self.template_name} renders earlier turns differently once messages are appended, "
+                "so observations cannot be appended without re-tokenising the history. A user turn "
+                f"rendered alone as {before!r} became {after[: len(before) + 40]!r}... "
+                "Use a template whose rendering of a conversation is a prefix of the rendering of "
+                "its continuations."
+            )
+        reply_at = after.find(_REPLY, len(before))
+        end_at = after.find(self.end_of_turn, reply_at + len(_REPLY)) if reply_at >= 0 else -1
+        if end_at < 0:
+            raise ChatTemplateError(
+                f"{self.template_name} did not write an assistant reply followed by the end-of-turn "
+                f"text {self.end_of_turn!r}; it rendered {after!r}. Pass end_of_turn=... with the "
+                "text the template closes assistant turns with."
+            )
+        tail = after[end_at + len(self.end_of_turn) :]
+        return tail if turn_closed else self.end_of_turn + tail
+
+    def observation_ids(self, messages: Sequence[Message], *, turn_closed: bool = True) -> list[int]:
+        """Token ids of :meth:`observation_text`: what to append after a turn for ``messages``.
+
+        ``turn_closed`` says whether the generated ids ended with :attr:`end_of_turn_ids`
+        (see :meth:`ends_turn`); when not, the end-of-turn token is inserted first.
+        """
+        return self.encode(self.observation_text(messages, turn_closed=turn_closed))
+
+    def ends_turn(self, token_ids: Sequence[int]) -> bool:
+        """Whether generated ``token_ids`` end with the end-of-turn token (the policy stopped on it)."""
+        n = len(self.end_of_turn_ids)
+        return len(token_ids) >= n and list(token_ids[-n:]) == self.end_of_turn_ids
+
+    def completion_text(self, token_ids: Sequence[int]) -> str:
+        """The text of a generation without its closing end-of-turn or EOS token."""
+        ids = list(token_ids)
+        if self.ends_turn(ids):
+            ids = ids[: -len(self.end_of_turn_ids)]
+        elif ids and ids[-1] == getattr(self.tokenizer, "eos_token_id", None):
+            ids = ids[:-1]
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def parse(self, completion_text: str) -> Message:
+        """The assistant message of a completion, tool calls parsed with :attr:`tool_format`."""
+        return parse_reply(completion_text, self.tool_format)
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _render(self, conversation: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        tools: list[Any] | None = list(self.tool_schemas) or None  # templates test `if tools`
+        text = self.tokenizer.apply_chat_template(
+            conversation,
+            tools=tools,
+            chat_template=self.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **self.chat_template_kwargs,
+        )
+        if not isinstance(text, str):  # a list when given a batch; never for one conversation
+            raise ChatTemplateError(f"{self.template_name} rendered {type(text).__name__}, not text.")
+        return text
+
+    def _find_end_of_turn(self) -> str:
+        conversation = [
+            {"role": "user", "content": _QUESTION},
+            {"role": "assistant", "content": _REPLY},
+            {"role": "user", "content": _FOLLOW_UP},
+        ]
+        text = self._render(conversation, add_generation_prompt=False)
+        start = text.find(_REPLY)
+        stop = text.find(_FOLLOW_UP, start)
+        between = text[start + len(_REPLY) : stop] if 0 <= start < stop else ""
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}).values()
+        special = {str(t) for t in added if getattr(t, "special", False)}
+        special |= set(getattr(self.tokenizer, "all_special_tokens", []))
+        # Special tokens first: a plain added token (some vocabularies add "\n\n") is a weaker guess.
+        for candidates in (special, {str(t) for t in added}):
+            found = [(between.find(t), -len(t), t) for t in candidates if t and t in between]
+            if found:
+                return min(found)[2]  # the first one; the longest if several start there
+        raise ChatTemplateError(
+            f"{self.template_name} writes {between!r} between an assistant reply and the next "
+            "message, and no special token in it could serve as the end of the turn. Pass "
+            "end_of_turn=... with the text the policy stops on."
+        )
+
+
+class TrajectoryBuilder:
+    """Records one agent's episode as a :class:`~agentrl.types.Trajectory`, one step at a time.
+
+    Call :meth:`start` with the first observation, then alternate :meth:`add_turn` (the policy's
+    generated ids) and :meth:`add_observation` (the env's answer), and end with :meth:`finish`,
+    after :meth:`add_final_observation` if the env answered the last turn and the episode ended.
+    :attr:`token_ids` is always the whole context to send for the next generation, and
+    :attr:`room_left` how many tokens may still be generated within ``max_length``.
+
+    >>> from agentrl.testing import build_tiny_tokenizer
+    >>> agent = ChatAgent(build_tiny_tokenizer())
+    >>> builder = TrajectoryBuilder(agent, max_length=64)
+    >>> _ = builder.start([Message("user", "Hi")])
+    >>> builder.room_left, builder.would_exceed([Message("user", "x " * 100)])
+    (54, True)
+    """
+
+    def __init__(
+        self,
+        agent: ChatAgent,
+        *,
+        max_length: int | None = None,
+        env_id: str = "",
+        agent_id: str = "agent",
+        policy_id: str = "default",
+        group_id: str = "",
+    ):
+        if max_length is not None and max_length < 1:
+            raise ValueError(f"max_length must be a positive int or None, got {max_length}.")
+        self.agent = agent
+        self.max_length = max_length
+        self._trajectory = Trajectory(env_id=env_id, agent_id=agent_id, policy_id=policy_id, group_id=group_id)
+        self._cut_turns: list[int] = []
+        self._turn_closed = True
+        # What may come next: "start", then "turn" and "observation" alternately, then "finished".
+        self._expect = "start"
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The whole sequence so far: the context for the next generation."""
+        return list(self._trajectory.token_ids)
+
+    @property
+    def length(self) -> int:
+        """How many tokens the sequence holds."""
+        return len(self._trajectory.token_ids)
+
+    @property
+    def room_left(self) -> int | None:
+        """Tokens left before ``max_length`` (``None`` if unlimited, 0 if already over); use it as
+        the next generation's ``max_tokens``."""
+        return None if self.max_length is None else max(0, self.max_length - self.length)
+
+    @property
+    def messages(self) -> list[Message]:
+        """The conversation so far, system prompt and parsed replies included."""
+        return list(self._trajectory.messages)
+
+    def would_exceed(self, extra: int | Sequence[Message]) -> bool:
+        """Whether appending ``extra`` tokens, or the observation for these messages, would make
+        the sequence longer than ``max_length`` (the rollout engine then ends the episode as
+        truncated)."""
+        if self.max_length is None:
+            return False
+        count = extra if isinstance(extra, int) else len(
+            self.agent.observation_ids(extra, turn_closed=self._turn_closed)
+        )
+        return self.length + count > self.max_length
+
+    def start(self, messages: Sequence[Message]) -> list[int]:
+        """Begin with the first observation; return the prompt ids."""
+        self._check_order("start")
+        ids = self.agent.prompt_ids(messages)
+        self._append_context(ids)
+        self._trajectory.prompt_length = len(ids)
+        self._trajectory.messages = self.agent.conversation(messages)
+        self._expect = "turn"
+        return ids
+
+    def add_turn(
+        self,
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        version: int | Sequence[int],
+        *,
+        text: str | None = None,
+        closed: bool | None = None,
+    ) -> Message:
+        """Record one generation and return the assistant message parsed from it.
+
+        Args:
+            token_ids: the generated ids, the end-of-turn token included if the policy stopped on it.
+            logprobs: the behaviour log-prob of each generated id.
+            version: the policy version that generated the ids, or one version per id (a
+                generation may span a weight update).
+            text: the completion text if the engine already decoded it (without the end-of-turn
+                token); decoded here otherwise.
+            closed: whether the turn ended with the end-of-turn token; read from ``token_ids`` by
+                default. An unclosed turn gets the token inserted before the next observation.
+        """
+        self._check_order("turn")
+        n = len(token_ids)
+        if n == 0:
+            raise ValueError("add_turn got no generated tokens; a turn must generate at least one.")
+        versions = list(version) if isinstance(version, Sequence) else [int(version)] * n
+        if len(logprobs) != n or len(versions) != n:
+            raise ValueError(
+                f"add_turn got {n} token ids, {len(logprobs)} logprobs and {len(versions)} versions; "
+                "give one logprob (and one version, or a single int) per generated token."
+            )
+        self._turn_closed = self.agent.ends_turn(token_ids) if closed is None else closed
+        message = self.agent.parse(text if text is not None else self.agent.completion_text(token_ids))
+        trajectory = self._trajectory
+        trajectory.token_ids.extend(token_ids)
+        trajectory.loss_mask.extend([1] * n)
+        trajectory.logprobs.extend(float(x) for x in logprobs)
+        trajectory.versions.extend(int(v) for v in versions)
+        trajectory.turn_ends.append(len(trajectory.token_ids) - 1)
+        trajectory.turn_rewards.append(0.0)
+        trajectory.messages.append(message)
+        if not self._turn_closed:
+            self._cut_turns.append(trajectory.turns)
+        trajectory.turns += 1
+        self._expect = "observation"
+        return message
+
+    def add_observation(self, messages: Sequence[Message], reward: float = 0.0) -> list[int]:
+        """Append the env's answer to the last turn (an empty list if it sent nothing but the
+        episode goes on) and add ``reward`` to that turn; return the appended ids."""
+        self._check_order("observation")
+        ids = self.agent.observation_ids(messages, turn_closed=self._turn_closed)
+        self._append_context(ids)
+        self._trajectory.messages.extend(messages)
+        self.add_reward(reward)
+        self._turn_closed = True
+        self._expect = "turn"
+        return ids
+
+    def add_final_observation(self, messages: Sequence[Message], reward: float = 0.0) -> None:
+        """Record the env's last answer when the episode ends after a turn: the messages join the
+        conversation and ``reward`` goes to the last turn, but no tokens are appended, since
+        nothing is generated after them. Only :meth:`finish` may follow."""
+        self._check_order("observation")
+        self._trajectory.messages.extend(messages)
+        self.add_reward(reward)
+        self._expect = "finish"
+
+    def add_reward(self, reward: float, turn: int = -1) -> None:
+        """Add ``reward`` to a turn's reward (the last turn by default)."""
+        if reward and not self._trajectory.turn_rewards:
+            raise ValueError("A reward needs a turn to go to; no turn has been added yet.")
+        if reward:
+            self._trajectory.turn_rewards[turn] += float(reward)
+
+    def set_reward(self, reward: float, turn: int = -1) -> None:
+        """Set a turn's reward (the last turn by default), replacing what it had."""
+        if not self._trajectory.turn_rewards:
+            raise ValueError("A reward needs a turn to go to; no turn has been added yet.")
+        self._trajectory.turn_rewards[turn] = float(reward)
+
+    def finish(
+        self,
+        *,
+        reward: float = 0.0,
+        terminated: bool = False,
+        truncated: bool = False,
+        error: str | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> Trajectory:
+        """End the episode and return its trajectory (validated). ``reward`` is added to the last
+        turn; the trajectory's ``reward`` is the sum of the turn rewards. ``info["cut_turns"]``
+        lists the turns whose generation hit its token limit."""
+        if self._expect == "finished":
+            raise RuntimeError("finish() was already called; start a new TrajectoryBuilder per episode.")
+        self.add_reward(reward)
+        trajectory = self._trajectory
+        trajectory.reward = float(sum(trajectory.turn_rewards))
+        trajectory.terminated = terminated
+        trajectory.truncated = truncated
+        trajectory.error = error
+        trajectory.info = {"cut_turns": list(self._cut_turns), **(info or {})}
+        trajectory.validate()
+        self._expect = "finished"
+        return trajectory
+
+    def _append_context(self, ids: list[int]) -> None:
+        """Append prompt or observation ids: not trained on, no log-prob, no policy version."""
+        trajectory = self._trajectory
+        trajectory.token_ids.extend(ids)
+        trajectory.loss_mask.extend([0] * len(ids))
+        trajectory.logprobs.extend([0.0] * len(ids))
+        trajectory.versions.extend([-1] * len(ids))
+
+    def _check_order(self, step: str) -> None:
+        if self._expect == step:
+            return
+        hints = {
+            "start": "call start(messages) first",
+            "turn": "add a turn (the policy's generation) next",
+            "observation": "add an observation next (add_observation([]) if the env sent nothing)",
+            "finish": "the final observation was added; call finish()",
+            "finished": "the episode is finished; start a new TrajectoryBuilder",
+        }
+        raise RuntimeError(f"Cannot {step} here: {hints[self._expect]}.")
+
+
+def _tokenizer_name(tokenizer: Any) -> str:
+    return repr(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)

@@ -1,0 +1,315 @@
+"""The ``agentrl`` command line: ``envs``, ``check`` and ``play``, through typer's CliRunner and once
+through the installed console script."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import typer
+from typer.testing import CliRunner
+
+import agentrl
+from agentrl import AgentEnv, Feedback, Message, tool
+from agentrl.cli import app, parse_kwargs
+
+BUILTIN_IDS = ("agentrl/Calculator-v0", "agentrl/CodeBreaker-v0", "agentrl/Countdown-v0")
+BUILTINS = agentrl.registered_ids("agentrl")
+
+runner = CliRunner()
+
+
+@tool
+def shout(text: str) -> str:
+    """Repeat a text in capitals.
+
+    Args:
+        text: What to shout.
+    """
+    return text.upper()
+
+
+class Parrot(AgentEnv):
+    """Repeat the secret number back."""
+
+    tools = (shout,)
+
+    def start(self, options):
+        self.secret = int(self.np_random.integers(1000, 10000))
+        return [Message("system", "You repeat numbers."), Message("user", f"Repeat {self.secret}.")]
+
+    def respond(self, reply):
+        if reply.tool_calls:
+            return self.call_tools(reply)
+        won = reply.content.strip() == str(self.secret)
+        return Feedback(
+            [Message("user", "Correct." if won else "Try again.")], reward=float(won), terminated=won
+        )
+
+
+class Unseeded(Parrot):
+    """Draws its task from the global random module, so the same seed gives different tasks."""
+
+    def start(self, options):
+        self.secret = random.randint(1000, 10**9)
+        return [Message("user", f"Repeat {self.secret}.")]
+
+
+class Crashing(Parrot):
+    """Raises on every reply."""
+
+    def respond(self, reply):
+        raise RuntimeError("boom")
+
+
+TEST_ENVS = {
+    "clitest/Parrot-v0": Parrot,
+    "clitest/Unseeded-v0": Unseeded,
+    "clitest/Crashing-v0": Crashing,
+    "clitest/Missing-v0": "clitest_no_such_module:Env",
+}
+
+
+@pytest.fixture
+def test_envs():
+    """Register the envs above for one test only, so other test modules never see them."""
+    for env_id, entry_point in TEST_ENVS.items():
+        agentrl.register(env_id, entry_point)
+    yield
+    for env_id in TEST_ENVS:
+        del gym.registry[env_id]
+
+
+def invoke(*args: str, input: str | None = None):
+    result = runner.invoke(app, list(args), input=input)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def secret_for(seed: int) -> int:
+    env = agentrl.make("clitest/Parrot-v0")
+    env.reset(seed=seed)
+    return env.secret
+
+
+# --- envs ---------------------------------------------------------------------------------------
+
+
+def test_builtins_are_registered():
+    assert set(BUILTIN_IDS) <= set(BUILTINS)
+
+
+def test_envs_lists_every_builtin_with_its_description():
+    result = invoke("envs")
+    assert result.exit_code == 0, result.output
+    for env_id in BUILTINS:
+        assert env_id in result.output
+        assert agentrl.describe(env_id)[:30] in " ".join(result.output.split())
+
+
+def test_envs_shows_a_broken_env_in_its_row(test_envs):
+    result = invoke("envs", "--namespace", "clitest")
+    assert result.exit_code == 0, result.output
+    assert "Repeat the secret number back." in result.output
+    assert "could not load: ModuleNotFoundError" in result.output
+    assert "agentrl/" not in result.output
+
+
+def test_version():
+    result = invoke("--version")
+    assert result.exit_code == 0 and result.output.strip() == f"agentrl {agentrl.__version__}"
+
+
+# --- check --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_id", BUILTINS)
+def test_check_passes_on_every_builtin(env_id):
+    result = invoke("check", env_id, "--seed", "3")
+    assert result.exit_code == 0, result.output
+    assert "passed" in result.output
+
+
+def test_check_reports_a_broken_env_and_exits_1(test_envs):
+    result = invoke("check", "clitest/Unseeded-v0")
+    assert result.exit_code == 1
+    assert "clitest/Unseeded-v0 failed the check" in result.output
+    assert "same observation" in result.output
+
+
+def test_check_unknown_id_suggests_and_exits_2(test_envs):
+    result = invoke("check", "clitest/Parot-v0")
+    assert result.exit_code == 2
+    assert "Did you mean 'clitest/Parrot-v0'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_check_rejects_kwargs_without_equals_sign(test_envs):
+    result = invoke("check", "clitest/Parrot-v0", "--kwarg", "max_turns")
+    assert result.exit_code == 2
+    assert "key=value" in result.output
+
+
+# --- kwargs -------------------------------------------------------------------------------------
+
+
+def test_kwargs_are_json_when_they_parse_else_strings():
+    parsed = parse_kwargs(["n=3", "split=test", "words=[1, 2]", "flag=true", 'quoted="3"', "empty=", "x=a=b"])
+    assert parsed == {
+        "n": 3,
+        "split": "test",
+        "words": [1, 2],
+        "flag": True,
+        "quoted": "3",
+        "empty": "",
+        "x": "a=b",
+    }
+
+
+@pytest.mark.parametrize("bad", ["max_turns", "=3", "two words=1", "1x=2"])
+def test_malformed_kwargs_say_what_was_expected(bad):
+    with pytest.raises(typer.BadParameter, match="expected key=value"):
+        parse_kwargs([bad])
+
+
+def test_kwargs_the_env_rejects_exit_2_without_traceback(test_envs):
+    result = invoke("play", "clitest/Parrot-v0", "--kwarg", "colour=red", input="")
+    assert result.exit_code == 2
+    assert "Could not make 'clitest/Parrot-v0'" in result.output and "colour" in result.output
+
+
+# --- play, random agent -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_id", BUILTINS)
+def test_random_agent_plays_every_builtin_to_the_end(env_id):
+    result = invoke("play", env_id, "--agent", "random", "--seed", "0", "--episodes", "2")
+    assert result.exit_code == 0, result.output
+    assert "assistant" in result.output and "user" in result.output
+    assert "episode 2/2" in result.output and "mean return" in result.output
+
+
+def test_random_agent_is_capped_and_reproducible(test_envs):
+    first = invoke("play", "clitest/Parrot-v0", "--agent", "random", "--seed", "5")
+    assert first.exit_code == 0, first.output
+    assert "turn cap (20)" in first.output  # Parrot has no turn limit of its own
+    assert first.output == invoke("play", "clitest/Parrot-v0", "--agent", "random", "--seed", "5").output
+    short = invoke("play", "clitest/Parrot-v0", "--agent", "random", "--seed", "5", "--max-turns", "3")
+    assert "turn cap (3)" in short.output and "'turn': 4" not in short.output
+
+
+def test_env_that_raises_while_playing_exits_1(test_envs):
+    result = invoke("play", "clitest/Crashing-v0", "--agent", "random", "--seed", "0")
+    assert result.exit_code == 1
+    assert "raised while playing: RuntimeError: boom" in result.output
+
+
+# --- play, human --------------------------------------------------------------------------------
+
+
+def test_human_wins_with_the_right_answer(test_envs):
+    secret = secret_for(7)
+    result = invoke("play", "clitest/Parrot-v0", "--seed", "7", input=f"\n\n12\n\n{secret}\n\n")
+    assert result.exit_code == 0, result.output
+    assert f"Repeat {secret}." in result.output
+    assert result.output.index("Try again.") < result.output.index("Correct.")
+    assert "reward 1  terminated True" in result.output
+    assert "mean return 1 over 1 episode(s)" in result.output
+
+
+def test_human_reply_spans_lines_until_an_empty_line(test_envs):
+    result = invoke("play", "clitest/Parrot-v0", "--seed", "1", input="first line\nsecond line\n\n")
+    assert result.exit_code == 0, result.output
+    assert "first line" in result.output and "second line" in result.output  # echoed: stdin is no tty
+    assert "'turn': 1" in result.output and "'turn': 2" not in result.output
+    assert "end of input" in result.output
+
+
+def test_human_can_call_tools_and_sees_them_listed(test_envs):
+    call = '{"name": "shout", "arguments": {"text": "hey there"}}'
+    result = invoke("play", "clitest/Parrot-v0", "--seed", "1", input=f"{call}\n\n")
+    assert result.exit_code == 0, result.output
+    assert "tools you can call" in result.output and "shout" in result.output
+    assert "HEY THERE" in result.output
+
+
+def test_end_of_input_sends_the_last_line_and_stops_all_episodes(test_envs):
+    secret = secret_for(2)
+    result = invoke("play", "clitest/Parrot-v0", "--seed", "2", "--episodes", "3", input=str(secret))
+    assert result.exit_code == 0, result.output
+    assert "Correct." in result.output and "episode 2/3" in result.output
+    assert "episode 3/3" not in result.output and "end of input" in result.output
+
+
+def test_env_turn_limit_truncates_human_play(test_envs):
+    result = invoke("play", "clitest/Parrot-v0", "-k", "max_turns=2", input="a\n\nb\n\nc\n\n")
+    assert result.exit_code == 0, result.output
+    assert "truncated True" in result.output and "'turn': 3" not in result.output
+
+
+@pytest.mark.parametrize("env_id", BUILTINS)
+def test_human_plays_every_builtin_until_end_of_input(env_id):
+    result = invoke("play", env_id, "--seed", "0", "--split", "test", input="I am not sure.\n\n42\n\n")
+    assert result.exit_code == 0, result.output
+    assert "I am not sure." in result.output and "summary" in result.output
+
+
+# --- the installed console script ---------------------------------------------------------------
+
+
+def agentrl_script() -> str:
+    """The console script installed next to this interpreter (not whatever is first on PATH)."""
+    script = Path(sysconfig.get_path("scripts")) / "agentrl"
+    if script.exists():
+        return str(script)
+    found = shutil.which("agentrl")
+    assert found, "the agentrl console script is not installed; run pip install -e ."
+    return found
+
+
+def test_console_script_lists_envs_and_suggests_on_typos():
+    listing = subprocess.run(
+        [agentrl_script(), "envs"], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert listing.returncode == 0, listing.stderr
+    for env_id in BUILTIN_IDS:
+        assert env_id in listing.stdout
+    typo = subprocess.run(
+        [agentrl_script(), "check", "agentrl/Calculater-v0"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert typo.returncode == 2
+    assert "Did you mean 'agentrl/Calculator-v0'" in typo.stderr
+    assert "Traceback" not in typo.stderr + typo.stdout
+
+
+def test_module_entry_point_matches_script():
+    result = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "--version"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == f"agentrl {agentrl.__version__}"
+
+
+def test_human_solves_a_calculator_problem():
+    env = agentrl.make("agentrl/Calculator-v0", split="test")
+    env.reset(seed=4)
+    answer = env.step("Answer: nothing")[4]["answer"]  # the env reveals the answer when it grades
+    result = invoke(
+        "play", "agentrl/Calculator-v0", "--seed", "4", "--split", "test", input=f"Answer: {answer:g}\n\n"
+    )
+    assert result.exit_code == 0, result.output
+    assert "reward 1  terminated True" in result.output

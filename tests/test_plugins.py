@@ -1,0 +1,218 @@
+"""Third-party env packages: found through the ``agentrl.envs`` entry-point group, never by name.
+
+Each test builds a small package in a temporary folder, pip-installs it into this interpreter
+(``--no-build-isolation --no-deps``: nothing is downloaded) and checks, in a fresh Python process
+so that plugin loading really runs, what a user of that package would see. The package is
+uninstalled afterwards, and also beforehand in case an earlier run was killed midway.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+# pip builds and installs two packages, and each check starts a fresh Python: about 30 s here.
+pytestmark = pytest.mark.slow
+
+PYPROJECT = """\
+[build-system]
+requires = ["setuptools>=61"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "{dist}"
+version = "0.0.1"
+dependencies = ["agentrl"]
+
+[tool.setuptools]
+packages = ["{module}"]
+
+[project.entry-points."agentrl.envs"]
+{entry_points}
+"""
+
+ECHO_ENVS = '''\
+"""Envs of a third-party package; importing this module registers thirdparty/Echo-v0."""
+
+import agentrl
+from agentrl import AgentEnv, Feedback, Message
+
+WORDS = ["apple", "pear", "plum", "quince"]
+
+
+class Echo(AgentEnv):
+    """Say the word you are given (a third-party test env)."""
+
+    def start(self, options):
+        self.word = WORDS[int(self.np_random.integers(len(WORDS)))]
+        return [Message("user", f"Say {self.word}.")]
+
+    def respond(self, reply):
+        won = reply.content.strip() == self.word
+        return Feedback([Message("user", "Right." if won else "Wrong.")], reward=float(won), terminated=True)
+
+
+class Reverse(Echo):
+    """Say the word you are given backwards."""
+
+    def respond(self, reply):
+        won = reply.content.strip() == self.word[::-1]
+        return Feedback([], reward=float(won), terminated=True)
+
+
+def register_reverse():
+    """Entry points may also name a function: agentrl calls it."""
+    agentrl.register("thirdparty/Reverse-v0", Reverse)
+
+
+agentrl.register("thirdparty/Echo-v0", "agentrl_test_echo.envs:Echo")
+'''
+
+ECHO = {
+    "dist": "agentrl-test-echo",
+    "module": "agentrl_test_echo",
+    "entry_points": 'agentrl_test_echo = "agentrl_test_echo.envs"\n'
+    'agentrl_test_reverse = "agentrl_test_echo.envs:register_reverse"',
+    "files": {"__init__.py": "", "envs.py": ECHO_ENVS},
+}
+BROKEN = {
+    "dist": "agentrl-test-broken",
+    "module": "agentrl_test_broken",
+    "entry_points": 'agentrl_test_broken = "agentrl_test_broken"',
+    "files": {"__init__.py": 'raise RuntimeError("this plugin is broken on purpose")\n'},
+}
+
+
+def pip(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def installed(dist: str) -> bool:
+    try:
+        importlib.metadata.distribution(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def require_offline_wheel_build() -> None:
+    """setuptools builds wheels by itself from 70.1 on; older ones need the ``wheel`` package."""
+    setuptools_version = tuple(int(p) for p in importlib.metadata.version("setuptools").split(".")[:2])
+    if setuptools_version < (70, 1) and importlib.util.find_spec("wheel") is None:
+        pytest.fail(
+            f"setuptools {importlib.metadata.version('setuptools')} cannot build a wheel without the "
+            "`wheel` package; install setuptools>=70.1 or wheel (.ci/run does)."
+        )
+
+
+def install(package: dict, root: Path) -> Iterator[None]:
+    """Write ``package`` under ``root``, pip-install it, yield, and uninstall it."""
+    require_offline_wheel_build()
+    source = root / package["dist"]
+    (source / package["module"]).mkdir(parents=True)
+    (source / "pyproject.toml").write_text(PYPROJECT.format(**package))
+    for name, text in package["files"].items():
+        (source / package["module"] / name).write_text(text)
+    if installed(package["dist"]):  # left over from a run that was killed midway
+        pip("uninstall", "-y", package["dist"])
+    result = pip("install", "--no-build-isolation", "--no-deps", "--no-cache-dir", str(source))
+    assert result.returncode == 0, result.stdout + result.stderr
+    try:
+        yield
+    finally:
+        result = pip("uninstall", "-y", package["dist"])
+        assert result.returncode == 0 and not installed(package["dist"]), result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def echo_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    yield from install(ECHO, tmp_path_factory.mktemp("echo"))
+
+
+@pytest.fixture
+def broken_plugin(tmp_path: Path) -> Iterator[None]:
+    yield from install(BROKEN, tmp_path)
+
+
+def fresh(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run a command in a new process, outside the source tree, so only installed code is found."""
+    return subprocess.run(args, check=False, capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def agentrl_cli(*args: str) -> list[str]:
+    script = Path(sysconfig.get_path("scripts")) / "agentrl"
+    return [str(script), *args] if script.exists() else [sys.executable, "-m", "agentrl.cli", *args]
+
+
+def test_installed_plugin_is_listed(echo_plugin, tmp_path):
+    result = fresh(agentrl_cli("envs"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "thirdparty/Echo-v0" in result.stdout and "thirdparty/Reverse-v0" in result.stdout
+    assert "Say the word you are given (a third-party" in result.stdout
+    assert "agentrl/Calculator-v0" in result.stdout  # the built-ins are still there
+    assert "warning" not in result.stderr.lower()
+
+
+def test_plugin_env_is_made_without_importing_its_package(echo_plugin, tmp_path):
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import agentrl
+
+        before = "agentrl_test_echo" in sys.modules
+        env = agentrl.make("thirdparty/Echo-v0")
+        observation, _ = env.reset(seed=0)
+        word = env.unwrapped.word
+        reward = env.step(word).reward
+        reverse = agentrl.make("thirdparty/Reverse-v0")
+        reverse.reset(seed=0)
+        print(json.dumps({
+            "imported_before_make": before,
+            "first_message": observation[0].content,
+            "reward": reward,
+            "reverse_reward": reverse.step(reverse.unwrapped.word[::-1]).reward,
+            "class": type(env.unwrapped).__module__,
+        }))
+        """
+    )
+    result = fresh([sys.executable, "-c", script], tmp_path)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["imported_before_make"] is False
+    assert seen["first_message"].startswith("Say ")
+    assert seen["reward"] == 1.0 and seen["reverse_reward"] == 1.0
+    assert seen["class"] == "agentrl_test_echo.envs"
+
+
+def test_plugin_env_passes_check(echo_plugin, tmp_path):
+    result = fresh(agentrl_cli("check", "thirdparty/Echo-v0"), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "passed" in result.stdout
+
+
+def test_broken_plugin_warns_but_agentrl_still_works(broken_plugin, tmp_path):
+    listing = fresh(agentrl_cli("envs"), tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    assert "agentrl/Calculator-v0" in listing.stdout
+    assert "agentrl_test_broken" in listing.stderr and "broken on purpose" in listing.stderr
+    assert "Traceback" not in listing.stderr
+
+    unknown = fresh(agentrl_cli("check", "thirdparty/Nothing-v0"), tmp_path)
+    assert unknown.returncode == 2
+    assert "Unknown env 'thirdparty/Nothing-v0'" in unknown.stderr
+    assert "agentrl_test_broken" in unknown.stderr  # the hint says which plugins failed to load
