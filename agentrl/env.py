@@ -27,7 +27,6 @@ from ``self.np_random`` is deterministic under a seed.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import string
 from collections.abc import Sequence
@@ -36,6 +35,7 @@ from typing import Any, NamedTuple, SupportsFloat
 import gymnasium as gym
 import numpy as np
 
+from agentrl.threads import ENV_THREADS
 from agentrl.tools import Tool, ToolResult, acall_tool, as_tool, call_tool
 from agentrl.types import Message, ToolCall
 
@@ -194,15 +194,16 @@ class AgentEnv(gym.Env[Observation, Action]):
         return self._finish_step(reply, self.respond(reply))
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
-        """Awaitable :meth:`reset`; by default runs it in a thread so the event loop stays free."""
-        return await asyncio.to_thread(self.reset, seed=seed, options=options)
+        """Awaitable :meth:`reset`; by default runs it on a daemon thread so the event loop stays
+        free (and a hung env never blocks shutdown, see :mod:`agentrl.threads`)."""
+        return await ENV_THREADS.run(lambda: self.reset(seed=seed, options=options))
 
     async def astep(self, action: Action) -> StepResult:
         """Awaitable :meth:`step`. Tool calls run without blocking the loop (``async`` tools are
         awaited, plain ones run in threads); :meth:`respond` runs in a thread."""
         reply = self.parse_reply(action)
         if not reply.tool_calls:
-            return await asyncio.to_thread(self.step, reply)
+            return await ENV_THREADS.run(lambda: self.step(reply))
         self._begin_step(reply)
         results = [await acall_tool(self._tools_by_name, c, self.tool_timeout) for c in reply.tool_calls]
         return self._finish_step(reply, self.answer_tools(reply, results))

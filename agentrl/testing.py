@@ -27,11 +27,14 @@ Use it in your own tests as a fixture::
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # transformers is imported only when a tokenizer is built
     from transformers import PreTrainedTokenizerFast
+
+    from agentrl.policy import Generation, Sampling
 
 #: The size of the tiny tokenizer's vocabulary, special tokens included. Build tiny models with
 #: exactly this many embeddings.
@@ -207,3 +210,108 @@ def build_tiny_tokenizer(save_dir: str | Path | None = None) -> PreTrainedTokeni
     if save_dir is not None:
         tokenizer.save_pretrained(str(save_dir))
     return tokenizer
+
+
+def build_tiny_model(save_dir: str | Path, *, layers: int = 2, hidden: int = 128, seed: int = 0) -> Path:
+    """Save a randomly initialised tiny Llama chat model and its tokenizer to ``save_dir``.
+
+    The model has :data:`TINY_VOCAB_SIZE` embeddings, ``hidden // 64`` attention heads of size 64
+    (vLLM's CPU attention rejects smaller head sizes), tied input and output embeddings and fp32
+    weights; it loads in transformers and in vLLM like any checkpoint. Returns ``save_dir``.
+    """
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if hidden % 64:
+        raise ValueError(f"hidden must be a multiple of the head size 64, got {hidden}.")
+    tokenizer = build_tiny_tokenizer(save_dir)
+    config = LlamaConfig(
+        vocab_size=TINY_VOCAB_SIZE,
+        hidden_size=hidden,
+        intermediate_size=hidden * 2,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=hidden // 64,
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(str(save_dir))
+    return Path(save_dir)
+
+
+class ScriptedPolicy:
+    """A :class:`~agentrl.policy.Policy` that answers from a script instead of a model.
+
+    For tests of the machinery around a policy and for overhead benchmarks, never as a stand-in
+    for a real engine. ``reply`` maps the decoded prompt to the completion text (or is a fixed
+    text); ``delay`` (seconds, or a function of the call number) simulates generation time. Every
+    token gets log-prob ``-1.0``; a completion ends with the end-of-turn ids unless ``max_tokens``
+    cuts it first.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerFast,
+        reply: str | Callable[[str], str],
+        *,
+        end_of_turn_ids: Sequence[int] = (),
+        delay: float | Callable[[int], float] = 0.0,
+        decode_prompt: bool = True,
+    ):
+        self.tokenizer = tokenizer
+        self.reply = reply
+        self.end_of_turn_ids = list(end_of_turn_ids) or [tokenizer.eos_token_id]
+        self.delay = delay
+        self.decode_prompt = decode_prompt and callable(reply)
+        self.calls = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        import asyncio
+
+        from agentrl.policy import Generation
+
+        call = self.calls
+        self.calls += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            delay = self.delay(call) if callable(self.delay) else self.delay
+            if delay:
+                await asyncio.sleep(delay)
+            if callable(self.reply):
+                prompt = self.tokenizer.decode(list(prompt_ids)) if self.decode_prompt else ""
+                text = self.reply(prompt)
+            else:
+                text = self.reply
+            ids = self.tokenizer.encode(text, add_special_tokens=False) + self.end_of_turn_ids
+            finish = "stop"
+            if len(ids) > sampling.max_tokens:
+                ids, finish = ids[: sampling.max_tokens], "length"
+            return Generation(ids, [-1.0] * len(ids), self._version, finish)  # type: ignore[arg-type]
+        finally:
+            self.in_flight -= 1
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        for _ in named_tensors:
+            pass
+        self._version += 1
+        return self._version
+
+    def close(self) -> None:
+        pass

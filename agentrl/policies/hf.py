@@ -1,0 +1,159 @@
+"""The ``hf`` backend: transformers ``generate`` on the local machine, for CPU runs and debugging.
+
+Concurrent requests are gathered into batches (left-padded, one ``generate`` call per batch of
+requests with the same sampling settings) and run in a worker thread, so the event loop stays free
+and many episodes share the model. Log-probs are taken from the raw logits of each step
+(``output_logits``), i.e. the model's distribution before temperature and top-k/top-p.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.policy import Generation, Sampling
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: Sampling
+    future: asyncio.Future[Generation] = field(repr=False)
+
+
+class HFPolicy:
+    """A transformers causal LM as a :class:`~agentrl.policy.Policy`.
+
+    >>> policy = HFPolicy("path/to/checkpoint")  # doctest: +SKIP
+    >>> await policy.generate(prompt_ids, Sampling(max_tokens=32))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: str | Path | Any,
+        tokenizer: Any | None = None,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_batch_size: int = 64,
+    ):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(model, (str, Path)):
+            self.model = AutoModelForCausalLM.from_pretrained(str(model), dtype=getattr(torch, dtype))
+            self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
+        else:
+            if tokenizer is None:
+                raise ValueError("HFPolicy needs a tokenizer when given a model object.")
+            self.model, self.tokenizer = model, tokenizer
+        self.model.to(device).eval()
+        self.device = device
+        self.max_batch_size = max_batch_size
+        self._version = 0
+        self._queue: list[_Request] = []
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+        self._weights_lock = threading.Lock()  # a weight update never lands mid-batch
+        self.stop_token_ids = _stop_ids(self.tokenizer, self.model)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
+            self._wakeup = asyncio.Event()
+            self._worker = loop.create_task(self._serve())
+        request = _Request(list(prompt_ids), sampling, loop.create_future())
+        self._queue.append(request)
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return await request.future
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        with self._weights_lock:
+            state = dict(named_tensors)
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            if unexpected:
+                raise ValueError(f"update_weights got tensors the model does not have: {unexpected[:5]}")
+            self._version += 1
+        return self._version
+
+    def close(self) -> None:
+        if self._worker is not None and not self._worker.done():
+            self._worker.cancel()
+        self._worker = None
+
+    async def _serve(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue:
+                # Let the other ready episodes enqueue their requests before a batch is cut.
+                await asyncio.sleep(0)
+                first = self._queue[0].sampling
+                batch = [r for r in self._queue if r.sampling == first][: self.max_batch_size]
+                for request in batch:
+                    self._queue.remove(request)
+                try:
+                    results = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch], first)
+                except Exception as e:  # one bad batch fails its requests, not the server
+                    for request in batch:
+                        if not request.future.done():
+                            request.future.set_exception(e)
+                    continue
+                for request, result in zip(batch, results):
+                    if not request.future.done():
+                        request.future.set_result(result)
+
+    def _generate_batch(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
+        import torch
+
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_token_ids[0]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=self.device)
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
+        stops = list(dict.fromkeys([*self.stop_token_ids, *sampling.stop_token_ids]))
+        options: dict[str, Any] = dict(
+            max_new_tokens=sampling.max_tokens,
+            eos_token_id=stops,
+            pad_token_id=pad,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+        if sampling.temperature > 0:
+            options.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+        else:
+            options.update(do_sample=False)
+        with self._weights_lock, torch.no_grad():
+            if sampling.seed is not None:
+                torch.manual_seed(sampling.seed)
+            version = self._version
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **options)
+        new_tokens = out.sequences[:, width:]
+        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
+        chosen = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        results = []
+        for row in range(len(prompts)):
+            ids = new_tokens[row].tolist()
+            end = next((i + 1 for i, t in enumerate(ids) if t in stops), None)
+            finish = "stop" if end is not None else "length"
+            end = end if end is not None else len(ids)
+            results.append(Generation(ids[:end], chosen[row, :end].tolist(), version, finish))
+        return results
+
+
+def _stop_ids(tokenizer: Any, model: Any) -> list[int]:
+    ids: list[int] = []
+    for source in (getattr(model, "generation_config", None), tokenizer):
+        eos = getattr(source, "eos_token_id", None)
+        ids.extend(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    if not ids:
+        raise ValueError("The tokenizer has no eos_token_id; set one so generation knows where a turn ends.")
+    return list(dict.fromkeys(ids))

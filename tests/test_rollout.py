@@ -1,0 +1,161 @@
+"""The rollout engine: concurrency, groups, limits and faults, with a scripted policy.
+
+The policy here is a script so that the tests can pin down what the engine does around it; the
+same engine against real backends is tested in test_policies.py.
+"""
+
+import asyncio
+import random
+import time
+
+import pytest
+
+import agentrl
+from agentrl import AgentEnv, Feedback, Message
+from agentrl.agents import ChatAgent
+from agentrl.buffer import TrajectoryBuffer
+from agentrl.policy import Sampling
+from agentrl.rollout import EpisodeLimits, RolloutEngine, run_episode
+from agentrl.testing import ScriptedPolicy
+
+
+class Say(AgentEnv):
+    """Say the number; a wrong number gets another try."""
+
+    def __init__(self, fail_on: str | None = None, hang_on: str | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.fail_on, self.hang_on = fail_on, hang_on
+
+    def start(self, options):
+        self.n = int(self.np_random.integers(100))
+        return [Message("user", f"Say {self.n}.")]
+
+    def respond(self, reply):
+        if self.fail_on and self.fail_on in reply.content:
+            raise RuntimeError("the env broke")
+        if self.hang_on and self.hang_on in reply.content:
+            time.sleep(3)
+        right = reply.content.strip() == str(self.n)
+        return Feedback([Message("user", "Right." if right else "Try again.")], float(right), right, {"success": right})
+
+
+def solver(prompt: str) -> str:
+    return prompt.split("Say ")[-1].split(".")[0]
+
+
+def engine_for(tokenizer, policy, make_env=Say, **kwargs):
+    return RolloutEngine(make_env, ChatAgent(tokenizer), policy, env_id="tests/Say", **kwargs)
+
+
+def test_a_solving_policy_gets_reward_and_exact_tokens(tiny_tokenizer):
+    policy = ScriptedPolicy(tiny_tokenizer, solver)
+    engine = engine_for(tiny_tokenizer, policy, group_size=2)
+    trajectories = asyncio.run(engine.collect(num_groups=3))
+    assert len(trajectories) == 6
+    for t in trajectories:
+        t.validate()
+        assert (t.reward, t.terminated, t.error, t.turns, t.info["success"]) == (1.0, True, None, 1, True)
+        generated = [tok for tok, m in zip(t.token_ids, t.loss_mask) if m]
+        assert tiny_tokenizer.decode(generated) == t.messages[-2].content + "<|im_end|>"
+        assert t.messages[-1] == Message("user", "Right.")  # kept, though not tokenised
+    groups = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t.token_ids[: t.prompt_length])
+    assert len(groups) == 3 and all(len(p) == 2 and p[0] == p[1] for p in groups.values())
+    assert engine.stats.summary()["rollout/success_rate"] == 1.0
+
+
+def test_episodes_run_concurrently(tiny_tokenizer):
+    policy = ScriptedPolicy(tiny_tokenizer, solver, delay=0.05)
+    engine = engine_for(tiny_tokenizer, policy, group_size=4, concurrency=16)
+    asyncio.run(engine.collect(num_groups=8))
+    assert policy.max_in_flight == 16
+
+
+def test_turn_limit_and_context_limit_truncate(tiny_tokenizer):
+    wrong = ScriptedPolicy(tiny_tokenizer, "no idea")
+    (t,) = asyncio.run(engine_for(tiny_tokenizer, wrong, limits=EpisodeLimits(max_turns=3)).collect(1))
+    assert (t.turns, t.truncated, t.terminated, t.info["truncated_by"], t.reward) == (3, True, False, "max_turns", 0.0)
+    chatty = ScriptedPolicy(tiny_tokenizer, "word " * 200)
+    (t,) = asyncio.run(engine_for(tiny_tokenizer, chatty, limits=EpisodeLimits(max_length=64)).collect(1))
+    assert t.truncated and t.info["truncated_by"] == "max_length" and len(t.token_ids) <= 64
+    assert t.info["cut_turns"] == [0]
+
+
+def test_faults_end_only_their_episode_and_are_counted(tiny_tokenizer):
+    # Episode replies alternate: good answers, a reply that breaks the env, one that hangs it.
+    replies = iter(["BOOM", "HANG"] + ["ok"] * 100)
+
+    def script(prompt):
+        reply = next(replies)
+        return solver(prompt) if reply == "ok" else reply
+
+    policy = ScriptedPolicy(tiny_tokenizer, script)
+    engine = engine_for(
+        tiny_tokenizer,
+        policy,
+        make_env=lambda: Say(fail_on="BOOM", hang_on="HANG"),
+        group_size=1,
+        concurrency=1,
+        limits=EpisodeLimits(turn_timeout=0.5),
+    )
+    started = time.perf_counter()
+    trajectories = asyncio.run(engine.collect(num_groups=6))
+    assert time.perf_counter() - started < 3, "a hung env held up the run"
+    errors = sorted(t.error.split(":")[0] for t in trajectories if t.error)
+    assert errors == ["EpisodeTimeout", "RuntimeError"]
+    assert sum(t.reward for t in trajectories) == 4
+    assert engine.stats.failed == 2 and dict(engine.stats.failure_causes) == {"EpisodeTimeout": 1, "RuntimeError": 1}
+    failed = [t for t in trajectories if t.error]
+    assert all(t.info["failed_during"].startswith("step") for t in failed)
+
+
+def test_a_hanging_policy_times_out(tiny_tokenizer):
+    policy = ScriptedPolicy(tiny_tokenizer, solver, delay=5)
+    limits = EpisodeLimits(turn_timeout=0.2)
+    (t,) = asyncio.run(engine_for(tiny_tokenizer, policy, limits=limits).collect(1))
+    assert t.error.startswith("EpisodeTimeout") and "generate" in t.error
+
+
+def test_episode_timeout(tiny_tokenizer):
+    policy = ScriptedPolicy(tiny_tokenizer, "wrong", delay=0.05)
+    limits = EpisodeLimits(max_turns=100, episode_timeout=0.3)
+    (t,) = asyncio.run(engine_for(tiny_tokenizer, policy, limits=limits).collect(1))
+    assert t.error.startswith("EpisodeTimeout: the episode ran past its limit of 0.3 s")
+    assert 2 <= t.turns < 100
+
+
+def test_garbage_completions_never_crash_builtin_envs(tiny_tokenizer):
+    rng = random.Random(0)
+    alphabet = "<>{}[]\"':,_ abc123\n\\" + "<tool_call></tool_call>"
+
+    def garbage(prompt):
+        return "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 80)))
+
+    for env_id in agentrl.registered_ids("agentrl"):
+        env_tools = agentrl.make(env_id).tools
+        policy = ScriptedPolicy(tiny_tokenizer, garbage)
+        engine = RolloutEngine(
+            lambda: agentrl.make(env_id), ChatAgent(tiny_tokenizer, env_tools), policy, env_id=env_id, group_size=2
+        )
+        trajectories = asyncio.run(engine.collect(num_groups=4))
+        assert len(trajectories) == 8 and all(t.error is None for t in trajectories), env_id
+
+
+def test_redundant_episodes_fill_groups_in_the_buffer(tiny_tokenizer):
+    policy = ScriptedPolicy(tiny_tokenizer, solver, delay=lambda call: 0.01 * (call % 3))
+    buffer = TrajectoryBuffer(group_size=2)
+    engine = engine_for(tiny_tokenizer, policy, group_size=2, redundancy=1)
+    trajectories = asyncio.run(engine.collect(num_groups=3, buffer=buffer))
+    assert len(trajectories) == 9
+    groups = buffer.get_nowait(10)
+    assert [len(g) for g in groups] == [2, 2, 2] and buffer.stats.redundant == 3
+
+
+def test_run_episode_records_versions(tiny_tokenizer):
+    policy = ScriptedPolicy(tiny_tokenizer, "7")
+    policy.update_weights([])
+    env = Say()
+    t = asyncio.run(run_episode(env, ChatAgent(tiny_tokenizer), policy, Sampling(), EpisodeLimits(max_turns=2), seed=1))
+    assert {v for v, m in zip(t.versions, t.loss_mask) if m} == {1}
+    assert {v for v, m in zip(t.versions, t.loss_mask) if not m} == {-1}
