@@ -393,6 +393,85 @@ def _print_summary(summaries: list[EpisodeSummary]) -> None:
     console.print(f"mean return {mean:g} over {len(summaries)} episode(s)")
 
 
+@app.command("rollout")
+def rollout_command(
+    env_id: Annotated[str, typer.Argument(help="The env id, e.g. agentrl/Calculator-v0.")],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Any RolloutConfig field as key=value, e.g. temperature=0.7.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="default (SmolLM2-135M-Instruct), a checkpoint dir, or a hub id.")] = None,
+    backend: Annotated[str | None, typer.Option(help="vllm, hf or openai.")] = None,
+    episodes: Annotated[int | None, typer.Option(help="Episodes to play (a multiple of --group-size).")] = None,
+    group_size: Annotated[int | None, typer.Option(help="Episodes per task, sharing a group id.")] = None,
+    out: Annotated[str | None, typer.Option(help="Write trajectories here, one JSON object per line.")] = None,
+    config: Annotated[str | None, typer.Option(help="A YAML file of RolloutConfig fields.")] = None,
+) -> None:
+    """Play episodes of an env with a model; print a summary table; write trajectories as JSONL."""
+    _run_rollout(env_id, overrides or [], config, model=model, backend=backend, episodes=episodes, group_size=group_size, out=out)
+
+
+@app.command("eval")
+def eval_command(
+    env_id: Annotated[str, typer.Argument(help="The env id, e.g. agentrl/Calculator-v0.")],
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Any RolloutConfig field as key=value, e.g. temperature=0.")
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="default (SmolLM2-135M-Instruct), a checkpoint dir, or a hub id.")] = None,
+    backend: Annotated[str | None, typer.Option(help="vllm, hf or openai.")] = None,
+    episodes: Annotated[int | None, typer.Option(help="Episodes to play.")] = None,
+    out: Annotated[str | None, typer.Option(help="Write trajectories here, one JSON object per line.")] = None,
+    config: Annotated[str | None, typer.Option(help="A YAML file of RolloutConfig fields.")] = None,
+) -> None:
+    """Evaluate a model on an env's held-out split (split=test) and print the summary table."""
+    _run_rollout(env_id, ["split=test", *(overrides or [])], config, model=model, backend=backend, episodes=episodes, out=out)
+
+
+def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **options: Any) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentrl.config import ConfigError, load_config
+    from agentrl.run import RolloutConfig, rollout
+
+    given = [f"{k}={v}" for k, v in options.items() if v is not None]
+    try:
+        config = load_config(RolloutConfig, config_path, [f"env_id={env_id}", *given, *overrides])
+        agentrl.spec(config.env_id)
+    except (ConfigError, ValueError) as e:
+        fail(str(e), code=2)
+    total = config.episodes + config.redundancy * (config.episodes // config.group_size)
+    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=False) as progress:
+        task = progress.add_task(f"{config.env_id} ({config.backend})", total=total, status="starting the engine")
+
+        def advance(trajectory: Any, stats: Any) -> None:
+            summary = stats.summary()
+            status = f"success {summary['rollout/success_rate']:.0%}  failed {stats.failed}"
+            progress.update(task, advance=1, status=status)
+
+        trajectories, stats = rollout(config, on_trajectory=advance)
+    _print_rollout_summary(config, stats)
+    if config.out:
+        console.print(f"wrote {len(trajectories)} trajectories to {escape(config.out)}")
+
+
+def _print_rollout_summary(config: Any, stats: Any) -> None:
+    summary = stats.summary()
+    table = Table(title=f"{config.env_id} · {config.model} · {config.backend} · split {config.split}", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("episodes", str(stats.episodes))
+    table.add_row("success rate", f"{summary['rollout/success_rate']:.1%}")
+    table.add_row("mean reward", f"{summary['rollout/reward_mean']:.3f}")
+    table.add_row("mean turns", f"{summary['rollout/turns_mean']:.2f}")
+    table.add_row("truncated", str(stats.truncated))
+    causes = ", ".join(f"{cause} {n}" for cause, n in stats.failure_causes.most_common()) or "none"
+    table.add_row("failures", f"{stats.failed} ({causes})")
+    table.add_row("generated tokens", str(stats.generated_tokens))
+    table.add_row("tokens/s", f"{summary['perf/rollout_tokens_per_s']:.1f}")
+    table.add_row("seconds", f"{stats.seconds:.1f}")
+    console.print(table)
+
+
 def _show_warning(
     message: Warning | str,
     category: type[Warning],

@@ -1,0 +1,115 @@
+"""Policy backends on a tiny model built by a fixture: log-probs, versions, weight updates, rollouts."""
+
+import asyncio
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the policy backends need torch (pip install -e '.[cpu]')")
+
+import agentrl  # noqa: E402
+from agentrl.agents import ChatAgent  # noqa: E402
+from agentrl.policies.hf import HFPolicy  # noqa: E402
+from agentrl.policy import Policy, Sampling  # noqa: E402
+from agentrl.rollout import EpisodeLimits, RolloutEngine  # noqa: E402
+
+
+def reference_logprobs(model, trajectory):
+    """Log-probs of every token under an independent transformers forward pass."""
+    ids = torch.tensor([trajectory.token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    logprobs = logits.log_softmax(-1)[0, :-1].gather(-1, ids[0, 1:, None]).squeeze(-1)
+    return [0.0] + logprobs.tolist()
+
+
+@pytest.fixture(scope="module")
+def hf_policy(tiny_model_dir):
+    policy = HFPolicy(tiny_model_dir)
+    yield policy
+    policy.close()
+
+
+def test_hf_policy_is_a_policy(hf_policy):
+    assert isinstance(hf_policy, Policy) and hf_policy.version == 0
+
+
+def test_hf_rollout_logprobs_match_a_transformers_forward_pass(hf_policy, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    env_id = "agentrl/Calculator-v0"
+    agent = ChatAgent.from_env(hf_policy.tokenizer, agentrl.make(env_id))
+    engine = RolloutEngine(
+        lambda: agentrl.make(env_id),
+        agent,
+        hf_policy,
+        env_id=env_id,
+        sampling=Sampling(max_tokens=24, seed=0),
+        limits=EpisodeLimits(max_turns=3, max_length=1024),
+        group_size=2,
+    )
+    trajectories = asyncio.run(engine.collect(num_groups=2))
+    assert len(trajectories) == 4 and all(t.error is None for t in trajectories)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    for t in trajectories:
+        expected = reference_logprobs(reference, t)
+        gaps = [abs(a - b) for a, b, m in zip(t.logprobs, expected, t.loss_mask) if m]
+        assert gaps and max(gaps) < 1e-4
+
+
+def test_weight_update_bumps_the_version_and_changes_the_model(hf_policy):
+    prompt = hf_policy.tokenizer.encode("What is 2 + 3?")
+    greedy = Sampling(max_tokens=8, temperature=0)
+    before = asyncio.run(hf_policy.generate(prompt, greedy))
+    state = {k: v + 0.5 * torch.randn_like(v) for k, v in hf_policy.model.state_dict().items()}
+    assert hf_policy.update_weights(state.items()) == 1
+    after = asyncio.run(hf_policy.generate(prompt, greedy))
+    assert (before.version, after.version) == (0, 1)
+    assert before.logprobs != after.logprobs
+    with pytest.raises(ValueError, match="does not have"):
+        hf_policy.update_weights([("no.such.weight", torch.zeros(1))])
+
+
+def test_concurrent_requests_are_batched_and_each_stops_on_its_own(hf_policy):
+    prompts = [hf_policy.tokenizer.encode(f"question {i}") for i in range(6)]
+
+    async def run():
+        return await asyncio.gather(*[hf_policy.generate(p, Sampling(max_tokens=5 + i)) for i, p in enumerate(prompts)])
+
+    generations = asyncio.run(run())
+    for i, g in enumerate(generations):
+        assert len(g.token_ids) == len(g.logprobs) <= 5 + i
+        assert (g.finish_reason == "length") == (len(g.token_ids) == 5 + i and g.token_ids[-1] not in hf_policy.stop_token_ids)
+
+
+def test_rollout_cli_with_the_hf_backend_writes_jsonl(tiny_model_dir, tmp_path):
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+    from agentrl.types import read_jsonl
+
+    out = tmp_path / "out.jsonl"
+    result = CliRunner().invoke(
+        app,
+        ["rollout", "agentrl/Countdown-v0", "--model", str(tiny_model_dir), "--backend", "hf", "--episodes", "4",
+         "--group-size", "2", "--out", str(out), "max_tokens=16", "max_length=1024"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "success rate" in result.output and "tokens/s" in result.output
+    trajectories = list(read_jsonl(out))
+    assert len(trajectories) == 4 and len({t.group_id for t in trajectories}) == 2
+    for t in trajectories:
+        assert t.env_id == "agentrl/Countdown-v0" and t.policy_id == "default" and t.agent_id == "agent"
+        assert len(t.token_ids) == len(t.loss_mask) == len(t.logprobs) and sum(t.loss_mask) > 0
+
+
+def test_eval_uses_the_held_out_split_and_bad_configs_exit_2(tiny_model_dir):
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    result = CliRunner().invoke(app, ["eval", "agentrl/Countdown-v0", "--model", str(tiny_model_dir), "--backend", "hf",
+                                      "--episodes", "2", "max_tokens=8", "max_length=1024"])
+    assert result.exit_code == 0, result.output
+    assert "split test" in result.output
+    result = CliRunner().invoke(app, ["rollout", "agentrl/Countdown-v0", "--episodes", "3", "--group-size", "2"])
+    assert result.exit_code == 2 and "not a multiple of group_size" in result.output
