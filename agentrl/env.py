@@ -142,6 +142,8 @@ class AgentEnv(gym.Env[Observation, Action]):
     tools: Sequence[Tool | Any] = ()
     tool_format: str = "auto"
     tool_timeout: float | None = 10.0
+    max_tool_calls: int = 16
+    """Most tool calls run per reply; the rest get one error message (a reply can hold thousands)."""
 
     def __init__(self, max_turns: int | None = None, render_mode: str | None = None):
         if max_turns is not None and max_turns < 1:
@@ -189,8 +191,9 @@ class AgentEnv(gym.Env[Observation, Action]):
     def step(self, action: Action) -> StepResult:
         reply = self._begin_step(action)
         if reply.tool_calls:
-            results = [call_tool(self._tools_by_name, c, self.tool_timeout) for c in reply.tool_calls]
-            return self._finish_step(reply, self.answer_tools(reply, results))
+            calls, overflow = self._split_calls(reply)
+            results = [call_tool(self._tools_by_name, c, self.tool_timeout) for c in calls]
+            return self._finish_step(reply, self.answer_tools(reply, results + overflow))
         return self._finish_step(reply, self.respond(reply))
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
@@ -205,8 +208,9 @@ class AgentEnv(gym.Env[Observation, Action]):
         if not reply.tool_calls:
             return await ENV_THREADS.run(lambda: self.step(reply))
         self._begin_step(reply)
-        results = [await acall_tool(self._tools_by_name, c, self.tool_timeout) for c in reply.tool_calls]
-        return self._finish_step(reply, self.answer_tools(reply, results))
+        calls, overflow = self._split_calls(reply)
+        results = [await acall_tool(self._tools_by_name, c, self.tool_timeout) for c in calls]
+        return self._finish_step(reply, self.answer_tools(reply, results + overflow))
 
     def render(self) -> str | None:
         if self.render_mode != "ansi":
@@ -229,6 +233,17 @@ class AgentEnv(gym.Env[Observation, Action]):
             f"{type(self).__name__}.step expects the reply as a str or an assistant Message, "
             f"got {type(action).__name__}."
         )
+
+    def _split_calls(self, reply: Message) -> tuple[list[ToolCall], list[ToolResult]]:
+        calls = reply.tool_calls[: self.max_tool_calls]
+        extra = reply.tool_calls[self.max_tool_calls :]
+        if not extra:
+            return calls, []
+        reason = (
+            f"too many tool calls in one reply ({len(reply.tool_calls)}); only the first "
+            f"{self.max_tool_calls} were run. Make at most {self.max_tool_calls} calls per reply."
+        )
+        return calls, [ToolResult(extra[0], f"Error: {reason}", error=reason)]
 
     @property
     def _tools_by_name(self) -> dict[str, Tool]:

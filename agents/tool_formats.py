@@ -48,6 +48,10 @@ _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 # checks three fixed alternatives per character, so matching stays linear on any input.
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|(?=<tool_call>)|\Z)", re.S)
 _CALL_KEYS = frozenset({"name", "arguments", "parameters", "id", "type"})
+# A JSON escape like "\ud800" decodes to a lone surrogate, which is not valid Unicode: tokenizers
+# refuse it and UTF-8 files cannot hold it, so one in a model's call must not reach an observation.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_MAYBE_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]|[\ud800-\udfff]")
 
 
 def parse_reply(text: str, format: ToolFormat = "auto") -> Message:
@@ -126,8 +130,7 @@ def _unfence(text: str) -> str:
     if body[:4].lower() == "json":
         body = body[4:]
     body = body.strip()
-    if body.endswith("```"):
-        body = body[:-3]
+    body = body.removesuffix("```")
     return body.strip()
 
 
@@ -139,7 +142,7 @@ def _parse_json_reply(text: str, strict: bool) -> list[ToolCall] | None:
     """
     body = _unfence(text)
     try:
-        data = json.loads(body)
+        data = _loads(body)
     except (ValueError, RecursionError) as e:
         if strict or ('"name"' in body and ('"arguments"' in body or '"parameters"' in body)):
             return [_bad(f"the reply looks like a JSON tool call but is not valid JSON ({_short(e)})")]
@@ -163,9 +166,19 @@ def _has_call_shape(item: Any) -> bool:
     )
 
 
+def _loads(text: str) -> Any:
+    """``json.loads``, with lone surrogates in the result replaced by U+FFFD."""
+    data = json.loads(text)
+    if _MAYBE_SURROGATE.search(text):
+        dumped = json.dumps(data, ensure_ascii=False)
+        if _SURROGATE.search(dumped):
+            data = json.loads(_SURROGATE.sub("\ufffd", dumped))
+    return data
+
+
 def _call_from_json_text(body: str) -> ToolCall:
     try:
-        data = json.loads(body)
+        data = _loads(body)
     except (ValueError, RecursionError) as e:
         return _bad(f"the text inside {_OPEN} is not valid JSON ({_short(e)})")
     return _call_from_object(data)
@@ -182,7 +195,7 @@ def _call_from_object(data: Any) -> ToolCall:
     arguments = data["arguments"] if "arguments" in data else data.get("parameters")
     if isinstance(arguments, str):  # some models double-encode the arguments
         try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
+            arguments = _loads(arguments) if arguments.strip() else {}
         except (ValueError, RecursionError) as e:
             return _bad(f"'arguments' of {name} is a string that is not valid JSON ({_short(e)})", name=name)
     if arguments is None:

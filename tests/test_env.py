@@ -203,3 +203,12 @@ def test_truncation_reports_no_success_and_answer_tools_can_be_overridden():
     env.reset(seed=0)
     result = asyncio.run(env.astep('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'))
     assert (result.terminated, result.reward, result.observation[0].content) == (True, 0.5, "3")
+
+
+def test_a_reply_with_too_many_tool_calls_runs_the_first_few():
+    env = SumEnv()
+    env.reset(seed=0)
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    observation = env.step(call * 1000).observation
+    assert len(observation) == env.max_tool_calls + 1
+    assert "too many tool calls in one reply (1000)" in observation[-1].content
