@@ -243,7 +243,7 @@ class AgentEnv(gym.Env[Observation, Action]):
             f"too many tool calls in one reply ({len(reply.tool_calls)}); only the first "
             f"{self.max_tool_calls} were run. Make at most {self.max_tool_calls} calls per reply."
         )
-        return calls, [ToolResult(extra[0], f"Error: {reason}", error=reason)]
+        return calls, [ToolResult(extra[0], f"Error: {reason}", error=reason, error_kind="too_many_calls")]
 
     @property
     def _tools_by_name(self) -> dict[str, Tool]:

