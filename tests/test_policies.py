@@ -113,3 +113,20 @@ def test_eval_uses_the_held_out_split_and_bad_configs_exit_2(tiny_model_dir):
     assert "split test" in result.output
     result = CliRunner().invoke(app, ["rollout", "agentrl/Countdown-v0", "--episodes", "3", "--group-size", "2"])
     assert result.exit_code == 2 and "not a multiple of group_size" in result.output
+
+
+def test_the_rollout_example_config_runs_with_a_tiny_budget(tiny_model_dir, tmp_path):
+    from pathlib import Path
+
+    from agentrl.config import load_config
+    from agentrl.run import RolloutConfig, rollout
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "rollout.yaml"
+    assert example.read_text().startswith("# agentrl rollout ")  # the launch command comes first
+    out = tmp_path / "out.jsonl"
+    config = load_config(
+        RolloutConfig, example,
+        [f"model={tiny_model_dir}", "backend=hf", "episodes=4", "group_size=2", "max_tokens=8", "max_length=1024", f"out={out}"],
+    )
+    trajectories, stats = rollout(config)
+    assert len(trajectories) == 4 and stats.episodes == 4 and out.exists()

