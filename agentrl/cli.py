@@ -427,6 +427,10 @@ def eval_command(
 
 
 def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **options: Any) -> None:
+    import os
+
+    # vLLM logs every engine step at INFO; the progress bar and the table are what a person reads.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentrl.config import ConfigError, load_config
