@@ -38,6 +38,7 @@ Llama 3, Mistral, Gemma, Phi) and checked where they can be:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -313,8 +314,9 @@ class TrajectoryBuilder:
         self._trajectory = Trajectory(env_id=env_id, agent_id=agent_id, policy_id=policy_id, group_id=group_id)
         self._cut_turns: list[int] = []
         self._turn_closed = True
-        # The last observation rendered by would_exceed, so that add_observation for the same
-        # messages does not render and encode them a second time.
+        # The observation would_exceed last rendered (a deep copy of its messages, whether the turn
+        # was closed, its ids), so that add_observation for equal messages does not render and
+        # encode them a second time.
         self._rendered: tuple[list[Message], bool, list[int]] | None = None
         # What may come next: "start", then "turn" and "observation" alternately, then "finished".
         self._expect = "start"
@@ -346,8 +348,11 @@ class TrajectoryBuilder:
         truncated)."""
         if self.max_length is None:
             return False
-        count = extra if isinstance(extra, int) else len(self._observation_ids(extra))
-        return self.length + count > self.max_length
+        if isinstance(extra, int):
+            return self.length + extra > self.max_length
+        ids = self.agent.observation_ids(extra, turn_closed=self._turn_closed)
+        self._rendered = (copy.deepcopy(list(extra)), self._turn_closed, ids)
+        return self.length + len(ids) > self.max_length
 
     def start(self, messages: Sequence[Message]) -> list[int]:
         """Begin with the first observation; return the prompt ids."""
@@ -410,8 +415,11 @@ class TrajectoryBuilder:
         """Append the env's answer to the last turn (an empty list if it sent nothing but the
         episode goes on) and add ``reward`` to that turn; return the appended ids."""
         self._check_order("observation")
-        ids = self._observation_ids(messages)
-        self._rendered = None
+        rendered, self._rendered = self._rendered, None
+        if rendered is not None and rendered[1] == self._turn_closed and rendered[0] == list(messages):
+            ids = rendered[2]
+        else:
+            ids = self.agent.observation_ids(messages, turn_closed=self._turn_closed)
         self._append_context(ids)
         self._trajectory.messages.extend(messages)
         self.add_reward(reward)
@@ -465,16 +473,6 @@ class TrajectoryBuilder:
         trajectory.validate()
         self._expect = "finished"
         return trajectory
-
-    def _observation_ids(self, messages: Sequence[Message]) -> list[int]:
-        """``agent.observation_ids`` for ``messages`` after the current turn, reusing the ids just
-        computed for equal messages (the engine asks :meth:`would_exceed`, then adds them)."""
-        messages = list(messages)
-        if self._rendered is not None and self._rendered[1] == self._turn_closed and self._rendered[0] == messages:
-            return list(self._rendered[2])
-        ids = self.agent.observation_ids(messages, turn_closed=self._turn_closed)
-        self._rendered = (messages, self._turn_closed, list(ids))
-        return ids
 
     def _append_context(self, ids: list[int]) -> None:
         """Append prompt or observation ids: not trained on, no log-prob, no policy version."""

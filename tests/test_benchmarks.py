@@ -1,0 +1,139 @@
+"""The benchmark scripts run as they stand, with a tiny budget, and print their figures.
+
+Nothing here asserts on a timing: the figures depend on the machine. What is asserted is that each
+script states its launch command, exits 0 (the async benchmark exits 1 if its two modes did not
+play exactly the same work) and prints its table, and that the simulated engine's schedule follows
+its continuous-batching model step by step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib.util
+import pathlib
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from agentrl.policy import Sampling
+
+BENCHMARKS = pathlib.Path(__file__).parents[1] / "benchmarks"
+
+
+def load(name: str) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["rollout_async_vs_sync", "rollout_overhead"])
+def test_the_script_states_its_launch_command(name):
+    head = (BENCHMARKS / f"{name}.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith(f"python benchmarks/{name}.py --quick") for line in head)
+
+
+def test_async_vs_sync_quick_run_prints_its_table(capsys):
+    assert load("rollout_async_vs_sync").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for row in ("ideal bound", "async (RolloutEngine)", "sync lock-step turns", "async / sync:", "async / ideal:"):
+        assert row in out
+    assert "PROBLEM" not in out
+
+
+def test_overhead_quick_run_prints_its_table(capsys):
+    assert load("rollout_overhead").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for row in ("bare asyncio", "agentrl, default limits", "chat-template delta + encode", "overhead per turn:"):
+        assert row in out
+
+
+def test_the_simulated_engine_batches_continuously(tiny_tokenizer):
+    """Capacity 2: two 3-token requests decode together from step 0, the third waits for a slot
+    (step 3), and a request that comes later starts at the next step boundary after it came."""
+    bench = load("rollout_async_vs_sync")
+    tables = types.SimpleNamespace(tokens=np.array([[3, 5], [3, 1], [3, 1]]))
+    filler = tiny_tokenizer.encode(" go", add_special_tokens=False)[0]
+    engine = bench.SimulatedEngine(tiny_tokenizer, tables, capacity=2, step_time=0.002, filler_id=filler)
+    eot = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    sampling = Sampling(max_tokens=4, stop_token_ids=(eot,))
+
+    def prompt(task: int, turn: int) -> list[int]:
+        return tiny_tokenizer.encode(f"<|im_start|>user\ntask {task} turn {turn}: go on.<|im_end|>\n")
+
+    async def play():
+        engine.start()
+        first = await engine.generate_batch([prompt(0, 0), prompt(1, 0), prompt(2, 0)], sampling)
+        later = await engine.generate(prompt(0, 1), sampling)  # wants 5 tokens, max_tokens cuts it to 4
+        return first, later
+
+    first, later = asyncio.run(play())
+    assert engine.schedule[:3] == [(0, 3), (0, 3), (3, 6)]
+    start, end = engine.schedule[3]
+    assert start >= 6 and end == start + 4
+    assert [g.token_ids for g in first] == [[filler, filler, eot]] * 3
+    assert [g.finish_reason for g in first] == ["stop"] * 3
+    assert (later.token_ids, later.finish_reason) == ([filler] * 4, "length")
+
+
+# --- the fast paths the overhead benchmark led to keep their results exactly -------------------
+
+
+def test_the_cached_placeholder_head_gives_the_uncached_deltas(tiny_tokenizer):
+    from agentrl.agents.chat import ChatAgent
+
+    from agentrl.tools import tool
+    from agentrl.types import Message
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    observations = [[Message("user", "Try again.")], [Message("tool", "5", tool_call_id="c1", name="add")], []]
+    agent = ChatAgent(tiny_tokenizer, [add])
+    for messages in observations * 2:
+        expected = ChatAgent(tiny_tokenizer, [add]).observation_text(messages, turn_closed=False)
+        assert agent.observation_text(messages, turn_closed=False) == expected
+    # What the head depends on changes after the first render: it is rendered afresh, not trusted.
+    template = tiny_tokenizer.chat_template.replace("{%- for message in turns %}", "{{- stamp }}{%- for message in turns %}")
+    stamped = ChatAgent(tiny_tokenizer, chat_template=template, chat_template_kwargs={"stamp": "[1]"})
+    first = stamped.observation_text(observations[0])
+    stamped.chat_template_kwargs["stamp"] = "[22]"
+    stamped.tool_schemas.append(add.schema)
+    fresh = ChatAgent(tiny_tokenizer, [add], chat_template=template, chat_template_kwargs={"stamp": "[22]"})
+    assert stamped.observation_text(observations[0]) == fresh.observation_text(observations[0]) == first
+
+
+def test_would_exceed_then_add_observation_renders_once(tiny_tokenizer):
+    from agentrl.agents.chat import ChatAgent, TrajectoryBuilder
+
+    from agentrl.types import Message
+
+    agent = ChatAgent(tiny_tokenizer)
+    calls = []
+    render = agent.observation_ids
+    agent.observation_ids = lambda messages, **kw: calls.append(copy.deepcopy(messages)) or render(messages, **kw)
+    reply = agent.encode("no") + agent.end_of_turn_ids
+    builder = TrajectoryBuilder(agent, max_length=4096)
+    builder.start([Message("user", "Say 5.")])
+    builder.add_turn(reply, [-1.0] * len(reply), 0)
+    wrong = [Message("user", "Try again.")]
+    assert not builder.would_exceed(wrong)
+    assert builder.add_observation(list(wrong)) == render(wrong)  # equal messages: no second render
+    assert len(calls) == 1
+    builder.add_turn(reply[:1], [-1.0], 0)  # cut: the next observation starts with the end-of-turn token
+    assert not builder.would_exceed(wrong)
+    other = [Message("user", "Still wrong.")]
+    assert builder.add_observation(other) == render(other, turn_closed=False)  # different messages
+    builder.add_turn(reply, [-1.0] * len(reply), 0)
+    changed = [Message("user", "Try again.")]
+    assert not builder.would_exceed(changed)
+    changed[0].content = "Changed after the check."  # the same objects, edited in place
+    assert builder.add_observation(changed) == render(changed)
+    assert calls == [wrong, wrong, other, [Message("user", "Try again.")], changed]
