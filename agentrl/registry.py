@@ -149,6 +149,10 @@ def _subclasses_agent_env(cls: type) -> bool:
 
 
 def _unknown_message(id: str) -> str:
+    from agentrl.multiagent import multiagent_ids
+
+    if id in multiagent_ids():
+        return f"{id!r} is a multi-agent (PettingZoo) env; make it with agentrl.make_multiagent({id!r})."
     candidates = list(gym.registry)
     close = difflib.get_close_matches(id, candidates, n=3, cutoff=0.6)
     if not close:

@@ -58,3 +58,9 @@ def test_nothing_close_points_to_the_listing():
 def test_max_episode_steps_is_refused_with_the_alternative():
     with pytest.raises(ValueError, match="max_turns"):
         agentrl.register("tests/Bad-v0", entry_point=Hello, max_episode_steps=5)
+
+
+def test_a_multi_agent_id_given_to_make_points_to_make_multiagent():
+    with pytest.raises(agentrl.UnknownEnvError, match="make it with agentrl.make_multiagent"):
+        agentrl.make("agentrl/Negotiation-v0")
+    assert "agentrl/Negotiation-v0" in agentrl.multiagent_ids()
