@@ -240,11 +240,23 @@ class RolloutEngine:
         self._idle_envs: list[AgentEnv] = []
         self._next_group = 0
 
-    async def stream(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> AsyncIterator[Trajectory]:
-        """Play ``num_groups`` groups; yield each trajectory as it finishes (and put it in ``buffer``)."""
+    def group_id(self, group: int) -> str:
+        """The id of group number ``group`` (its env seed follows from the number too)."""
+        return group_name(self.env_id, self.seed, group)
+
+    async def stream(
+        self, num_groups: int, buffer: TrajectoryBuffer | None = None, first_group: int | None = None
+    ) -> AsyncIterator[Trajectory]:
+        """Play ``num_groups`` groups; yield each trajectory as it finishes (and put it in ``buffer``).
+
+        Groups are numbered on from the previous call, or from ``first_group`` when given (a
+        distributed controller hands each worker its own range).
+        """
         slots = asyncio.Semaphore(self.concurrency)
         done: asyncio.Queue[Trajectory] = asyncio.Queue()
         started = time.perf_counter()
+        if first_group is not None:
+            self._next_group = first_group
         tasks = []
         for _ in range(num_groups):
             group = self._next_group
@@ -275,7 +287,7 @@ class RolloutEngine:
     async def _run_group(
         self, group: int, slots: asyncio.Semaphore, done: asyncio.Queue[Trajectory], buffer: TrajectoryBuffer | None
     ) -> None:
-        group_id = f"{self.env_id or 'env'}#{self.seed}-{group}"
+        group_id = self.group_id(group)
         env_seed = self.seed * 1_000_003 + group
         episodes = [
             asyncio.create_task(self._run_one(group_id, env_seed, sample, slots))
@@ -311,6 +323,11 @@ class RolloutEngine:
             else:  # it may be wedged in a thread; a fresh one plays the next episode
                 _close_quietly(env)
             return trajectory
+
+
+def group_name(env_id: str, seed: int, group: int) -> str:
+    """The id of group number ``group`` of a rollout of ``env_id`` with ``seed``."""
+    return f"{env_id or 'env'}#{seed}-{group}"
 
 
 def _close_quietly(env: AgentEnv) -> None:

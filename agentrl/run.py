@@ -58,8 +58,8 @@ class RolloutConfig:
     """Sampling temperature (0 is greedy)."""
     top_p: float = 1.0
     """Nucleus sampling mass."""
-    turn_timeout: float = 300.0
-    """Seconds one generation or env call may take."""
+    turn_timeout: float = 900.0
+    """Seconds one generation (queueing in the engine included) or one env call may take."""
     episode_timeout: float = 1800.0
     """Seconds one episode may take."""
     seed: int = 0

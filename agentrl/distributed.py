@@ -1,0 +1,704 @@
+"""Env workers and inference engines as Ray actors, running the same code as a local rollout.
+
+Ray is a placement decision, not a second implementation. An :class:`EnvWorker` actor holds its own
+envs and :class:`~agentrl.agents.chat.ChatAgent` and plays a slice of the groups with the same
+:class:`~agentrl.rollout.RolloutEngine` (so the same :func:`~agentrl.rollout.run_episode`) that a
+local rollout uses. Its policy is a :class:`RemotePolicy`, an ordinary :class:`~agentrl.policy.Policy`
+that awaits a :class:`PolicyActor`, which hosts any backend (``hf``, ``vllm``, or a factory of your
+own) and serves many requests at once. :class:`DistributedRollout` is the controller: it spreads the
+groups over the workers and merges what comes back. Group ``g`` is the same task, with the same group
+id and seeds, as group ``g`` of a local ``RolloutEngine`` with the same settings.
+
+How trajectories come back: ``EnvWorker.run(first_group, num_groups)`` is an async generator, which
+Ray streams: each finished trajectory becomes one object that the controller awaits as soon as it
+exists, so trajectories arrive in completion order, as they do locally. There is no queue actor and
+no polling; the controller only moves references.
+
+Faults. A worker that dies (``ray.kill``, its process killed, its node lost) ends its stream with
+``ActorDiedError``, after the trajectories it had already sent. The controller then accounts for
+every episode of that worker's groups:
+
+- a group none of whose episodes arrived is played again, whole, by a replacement worker, placed
+  as the dead one was (a pinned worker's replacement goes elsewhere if its node is gone);
+- a group some of whose episodes already arrived gets each missing episode as a failed trajectory
+  with ``error="WorkerDied: ..."``. Playing only the missing samples again would repeat the samples
+  (and sampler seeds) of episodes already delivered; the buffer counts the failures and drops or
+  keeps the partial group as it does for any failed episode.
+
+At most ``max_replacements`` workers are started per :meth:`DistributedRollout.stream`; past that,
+unplayed groups are recorded as ``WorkerDied`` failures too, so a crash that repeats (an env that
+kills its process) ends the run instead of looping. Ray never restarts these actors itself
+(``max_restarts=0``, ``max_task_retries=0``): a retried stream would replay episodes that were
+already delivered, and a restarted policy engine would come back with its initial weights while the
+trainer believes it holds the latest. A dead :class:`PolicyActor` fails the episodes that wait on it
+(``ActorDiedError``, counted like any failed generation); start a new one. Any other exception from
+a worker is a bug, not a fault, and is raised to the caller.
+
+A worker does not share a filesystem with the controller unless the cluster does: the tokenizer is
+a path or hub id that must load on every node that runs a worker.
+
+>>> policy = PolicyActor.remote("hf", "path/to/checkpoint")  # doctest: +SKIP
+>>> result = distributed_rollout(policy, "agentrl/Calculator-v0", "path/to/checkpoint", num_groups=8,
+...                              num_workers=2, group_size=4)  # doctest: +SKIP
+>>> result.stats.summary()["rollout/episodes"]  # doctest: +SKIP
+32
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import os
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+try:
+    import ray
+except ImportError as e:  # an optional dependency: say which extra brings it
+    raise ImportError("agentrl.distributed needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0.") from e
+from ray.actor import ActorHandle
+from ray.exceptions import ObjectLostError, RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+import agentrl
+from agentrl.agents.chat import ChatAgent
+from agentrl.buffer import TrajectoryBuffer
+from agentrl.env import AgentEnv
+from agentrl.policy import Generation, Policy, Sampling
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutStats, group_name
+from agentrl.types import Trajectory, write_jsonl
+
+if TYPE_CHECKING:
+    from agentrl.run import RolloutConfig
+
+# What a worker's death looks like from the controller: the actor is gone, or a trajectory it
+# had finished was lost with its node before it was read.
+_DEATHS = (RayActorError, ObjectLostError)
+
+
+class WorkerLocation(NamedTuple):
+    """Where an actor runs."""
+
+    node_id: str
+    """The Ray node id (hex) of its node."""
+    pid: int
+    """Its process id on that node."""
+
+
+def _here() -> WorkerLocation:
+    return WorkerLocation(ray.get_runtime_context().get_node_id(), os.getpid())
+
+
+# --- the policy -------------------------------------------------------------------------------------
+
+
+def build_policy(
+    backend: str | Callable[[], Policy], model: str | Path | None = None, options: Mapping[str, Any] | None = None
+) -> Policy:
+    """The policy named by ``backend`` serving ``model``, built with keyword ``options``.
+
+    ``backend`` is ``hf`` (:class:`~agentrl.policies.hf.HFPolicy`), ``vllm``
+    (:class:`~agentrl.policies.vllm.VLLMPolicy`), ``scripted`` (:class:`~agentrl.testing.ScriptedPolicy`
+    with ``model``'s tokenizer, for tests of the machinery), or a picklable zero-argument callable
+    that returns a policy (then ``model`` and ``options`` must be left out).
+    """
+    if callable(backend):
+        if model is not None or options:
+            raise ValueError("build_policy: a callable backend takes no model or options; bind them into it.")
+        return backend()
+    if backend not in _BACKENDS:
+        raise ValueError(f"Unknown backend {backend!r}; expected one of {sorted(_BACKENDS)} or a callable.")
+    if model is None:
+        raise ValueError(f"The {backend!r} backend needs a model (a checkpoint directory or a hub id).")
+    return _BACKENDS[backend](str(model), **dict(options or {}))
+
+
+def _hf(model: str, **options: Any) -> Policy:
+    from agentrl.policies.hf import HFPolicy
+
+    return HFPolicy(model, **options)
+
+
+def _vllm(model: str, **options: Any) -> Policy:
+    from agentrl.policies.vllm import VLLMPolicy
+
+    return VLLMPolicy(model, **options)
+
+
+def _scripted(model: str, **options: Any) -> Policy:
+    from transformers import AutoTokenizer
+
+    from agentrl.testing import ScriptedPolicy
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(model)
+    return ScriptedPolicy(tokenizer, **options)
+
+
+_BACKENDS: dict[str, Callable[..., Policy]] = {"hf": _hf, "vllm": _vllm, "scripted": _scripted}
+
+
+@ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
+class PolicyActor:
+    """One policy (any backend, see :func:`build_policy`) served from a Ray actor.
+
+    The methods are async, so Ray runs many requests at once on the actor's event loop (up to its
+    ``max_concurrency``, 1000 by default) and the backend batches them. Pass Ray options as usual,
+    e.g. ``PolicyActor.options(num_gpus=1).remote("vllm", path, {"max_model_len": 4096})``.
+    """
+
+    def __init__(
+        self,
+        backend: str | Callable[[], Policy],
+        model: str | Path | None = None,
+        options: Mapping[str, Any] | None = None,
+    ):
+        self.policy = build_policy(backend, model, options)
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        """:meth:`Policy.generate <agentrl.policy.Policy.generate>` on the hosted policy."""
+        return await self.policy.generate(prompt_ids, sampling)
+
+    async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
+        """Load new weights into the hosted policy; return its new version."""
+        update = getattr(self.policy, "aupdate_weights", None)
+        if update is not None:
+            return int(await update(named_tensors))
+        # A blocking update (hf's waits for the running batch) goes to a thread so that requests
+        # keep arriving meanwhile.
+        return await asyncio.to_thread(self.policy.update_weights, named_tensors)
+
+    async def version(self) -> int:
+        """The hosted policy's version."""
+        return self.policy.version
+
+    async def location(self) -> WorkerLocation:
+        """The node and process this actor runs in."""
+        return _here()
+
+    async def close(self) -> None:
+        """Free the engine (the actor stays up; ``ray.kill`` it to end it)."""
+        self.policy.close()
+
+
+class RemotePolicy:
+    """A :class:`~agentrl.policy.Policy` whose engine is a :class:`PolicyActor`, for the caller's side.
+
+    Anything that takes a policy takes this one, which is how an :class:`EnvWorker` runs the local
+    engine unchanged. ``version`` is the newest version this side has seen, from a generation or an
+    update made through it; the actor's own is ``await actor.version.remote()``.
+    """
+
+    def __init__(self, actor: ActorHandle):
+        self.actor = actor
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        ref: ray.ObjectRef[Generation] = self.actor.generate.remote(list(prompt_ids), sampling)
+        try:
+            generation: Generation = await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)  # the episode gave up on it (a timeout): free the engine's slot too
+            raise
+        self._version = max(self._version, generation.version)
+        return generation
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """Send new weights to the actor and wait for it to load them; return the new version."""
+        version = cast(int, ray.get(self.actor.update_weights.remote(list(named_tensors))))
+        self._version = version
+        return version
+
+    async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """:meth:`update_weights` without blocking the caller's event loop."""
+        self._version = int(await self.actor.update_weights.remote(list(named_tensors)))
+        return self._version
+
+    def close(self) -> None:
+        """Nothing to free here: the actor belongs to whoever started it."""
+
+
+# --- the env workers --------------------------------------------------------------------------------
+
+
+@ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
+class EnvWorker:
+    """A :class:`~agentrl.rollout.RolloutEngine` in a Ray actor, playing the groups it is given.
+
+    Everything it holds is built here from plain values: the envs from ``env_id`` and ``env_kwargs``
+    (through :func:`agentrl.make`), the agent from ``tokenizer`` (a path or hub id) and the env's
+    tools, and the policy as a :class:`RemotePolicy` on the ``policy`` actor. The other arguments
+    are the engine's own; ``concurrency`` bounds the episodes of one :meth:`run` call.
+    """
+
+    def __init__(
+        self,
+        policy: ActorHandle,
+        env_id: str,
+        tokenizer: str | Path,
+        *,
+        env_kwargs: Mapping[str, Any] | None = None,
+        system_prompt: str | None = None,
+        sampling: Sampling = Sampling(),
+        limits: EpisodeLimits = EpisodeLimits(),
+        group_size: int = 1,
+        redundancy: int = 0,
+        concurrency: int = 64,
+        seed: int = 0,
+        policy_id: str = "default",
+    ):
+        from transformers import AutoTokenizer
+
+        kwargs = dict(env_kwargs or {})
+
+        def make_env() -> AgentEnv:
+            return cast(AgentEnv, agentrl.make(env_id, **kwargs))
+
+        probe = make_env()
+        try:
+            loaded: Any = AutoTokenizer.from_pretrained(str(tokenizer))
+            agent = ChatAgent.from_env(loaded, probe, system_prompt=system_prompt)
+        finally:
+            probe.close()
+        self.engine = RolloutEngine(
+            make_env,
+            agent,
+            RemotePolicy(policy),
+            env_id=env_id,
+            sampling=sampling,
+            limits=limits,
+            group_size=group_size,
+            redundancy=redundancy,
+            concurrency=concurrency,
+            seed=seed,
+            policy_id=policy_id,
+        )
+
+    async def run(self, first_group: int, num_groups: int) -> AsyncIterator[Trajectory]:
+        """Play groups ``first_group`` to ``first_group + num_groups - 1``; yield each trajectory as it
+        finishes (Ray streams them to the caller one object each)."""
+        async for trajectory in self.engine.stream(num_groups, first_group=first_group):
+            yield trajectory
+
+    async def location(self) -> WorkerLocation:
+        """The node and process this worker runs in (waits until it is built)."""
+        return _here()
+
+    async def close(self) -> None:
+        """Close the idle envs (sandboxes and the like) before the actor is killed."""
+        self.engine.close()
+
+
+
+
+# --- the controller ---------------------------------------------------------------------------------
+
+
+@dataclass
+class WorkerInfo:
+    """One env worker actor as the controller sees it."""
+
+    handle: ActorHandle
+    """The actor."""
+    slot: int
+    """Which of the ``num_workers`` places it fills; a replacement takes its dead predecessor's slot."""
+    node_id: str | None = None
+    """The node it runs on (known once it has started)."""
+    pid: int | None = None
+    """Its process id on that node."""
+    episodes: int = 0
+    """Trajectories it delivered."""
+    died: str | None = None
+    """Why it died, if it did."""
+
+
+@dataclass
+class _Unit:
+    """One ``run`` call: a contiguous range of groups on one worker."""
+
+    worker: WorkerInfo
+    first: int
+    count: int
+    stream: Any = field(default=None, repr=False)  # the ObjectRefGenerator, to cancel it early
+
+
+class DistributedResult(NamedTuple):
+    """What :func:`distributed_rollout` returns."""
+
+    trajectories: list[Trajectory]
+    """Every trajectory, in completion order, ``WorkerDied`` placeholders included."""
+    stats: RolloutStats
+    """The rollout's stats, counted over those trajectories."""
+    workers: list[WorkerInfo]
+    """Every worker that ran: the live ones, then the dead ones."""
+
+
+class DistributedRollout:
+    """Plays groups of episodes on ``num_workers`` :class:`EnvWorker` actors sharing one policy actor.
+
+    The workers start here (a bad env id or tokenizer raises here, not mid-run) and live until
+    :meth:`close`. By default Ray spreads them over the nodes (``SPREAD``); ``nodes`` (node ids, see
+    ``ray.nodes()``) pins worker ``i`` to ``nodes[i % len(nodes)]``. Each :meth:`stream` splits its
+    groups into one contiguous range per worker and continues the group numbering of the previous
+    call, as :class:`~agentrl.rollout.RolloutEngine` does. The engine arguments (``sampling`` to
+    ``policy_id``) mean what they mean there; ``concurrency`` is per worker. See the module
+    docstring for what happens when a worker dies.
+    """
+
+    def __init__(
+        self,
+        policy: ActorHandle,
+        env_id: str,
+        tokenizer: str | Path,
+        *,
+        num_workers: int = 2,
+        nodes: Sequence[str] | None = None,
+        num_cpus_per_worker: float = 1.0,
+        max_replacements: int | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        system_prompt: str | None = None,
+        sampling: Sampling = Sampling(),
+        limits: EpisodeLimits = EpisodeLimits(),
+        group_size: int = 1,
+        redundancy: int = 0,
+        concurrency: int = 64,
+        seed: int = 0,
+        policy_id: str = "default",
+    ):
+        if num_workers < 1 or group_size < 1 or redundancy < 0 or concurrency < 1:
+            raise ValueError(
+                f"need num_workers >= 1, group_size >= 1, redundancy >= 0 and concurrency >= 1; got "
+                f"{num_workers}, {group_size}, {redundancy} and {concurrency}."
+            )
+        if nodes is not None and not nodes:
+            raise ValueError("nodes is empty; give at least one node id, or None to let Ray spread the workers.")
+        self.policy = policy
+        self.env_id = env_id
+        self.seed = seed
+        self.policy_id = policy_id
+        self.episodes_per_group = group_size + redundancy
+        self.nodes = list(nodes) if nodes is not None else None
+        self.num_cpus_per_worker = num_cpus_per_worker
+        self.max_replacements = num_workers if max_replacements is None else max_replacements
+        self._worker_args = (policy, env_id, str(tokenizer))
+        self._worker_kwargs: dict[str, Any] = dict(
+            env_kwargs=dict(env_kwargs or {}),
+            system_prompt=system_prompt,
+            sampling=sampling,
+            limits=limits,
+            group_size=group_size,
+            redundancy=redundancy,
+            concurrency=concurrency,
+            seed=seed,
+            policy_id=policy_id,
+        )
+        self.stats = RolloutStats()
+        """Counts over every trajectory delivered so far (placeholders included), as the engine keeps."""
+        self.workers: list[WorkerInfo] = []
+        """The current worker of each slot."""
+        self.retired: list[WorkerInfo] = []
+        """Workers that died and were replaced."""
+        self._next_group = 0
+        try:
+            self.workers = [self._start(slot) for slot in range(num_workers)]
+            locations: list[WorkerLocation] = ray.get([w.handle.location.remote() for w in self.workers])
+            for worker, (node_id, pid) in zip(self.workers, locations):
+                worker.node_id, worker.pid = node_id, pid
+        except BaseException:
+            self.close()
+            raise
+
+    async def stream(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> AsyncIterator[Trajectory]:
+        """Play ``num_groups`` groups; yield each trajectory as it arrives (and put it in ``buffer``).
+
+        Exactly ``num_groups * (group_size + redundancy)`` trajectories come out, whatever dies.
+        """
+        first = self._next_group
+        self._next_group += num_groups
+        self._replace_dead()
+        per_group = self.episodes_per_group
+        index = {group_name(self.env_id, self.seed, g): g for g in range(first, first + num_groups)}
+        arrived: Counter[int] = Counter()
+        events: asyncio.Queue[tuple[_Unit, Any]] = asyncio.Queue()
+        units: list[_Unit] = []
+        pumps: list[asyncio.Task[None]] = []
+        replacements = [self.max_replacements]  # a cell, so that recovery can spend it
+
+        def launch(worker: WorkerInfo, start: int, count: int) -> None:
+            unit = _Unit(worker, start, count)
+            units.append(unit)
+            pumps.append(asyncio.create_task(self._pump(unit, events)))
+
+        for worker, (start, count) in zip(self.workers, _split(first, num_groups, len(self.workers))):
+            if count:
+                launch(worker, start, count)
+        started = time.perf_counter()
+        remaining = num_groups * per_group
+        try:
+            while remaining:
+                unit, item = await events.get()
+                if item is None:
+                    self._check_complete(unit, arrived)
+                    continue
+                if isinstance(item, Trajectory):
+                    if item.group_id not in index:
+                        raise RuntimeError(
+                            f"A worker returned group {item.group_id!r}, which is not among the groups "
+                            f"{first}..{first + num_groups - 1} it was given; the worker runs a different "
+                            "agentrl version than the controller."
+                        )
+                    unit.worker.episodes += 1
+                    delivered = [item]
+                elif isinstance(item, _DEATHS):
+                    delivered = self._recover(unit, item, arrived, replacements, launch)
+                else:
+                    raise item
+                for trajectory in delivered:
+                    group = index[trajectory.group_id]
+                    arrived[group] += 1
+                    remaining -= 1
+                    self.stats.add(trajectory)
+                    self.stats.seconds = time.perf_counter() - started
+                    if buffer is not None:
+                        buffer.put(trajectory)
+                        if arrived[group] == per_group:
+                            buffer.close_group(trajectory.group_id)
+                    yield trajectory
+        finally:
+            for unit, pump in zip(units, pumps):
+                if unit.stream is not None and not pump.done():
+                    ray.cancel(unit.stream)  # the caller left early: stop that worker's episodes
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def collect(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> list[Trajectory]:
+        """Play ``num_groups`` groups and return all their trajectories in completion order."""
+        return [t async for t in self.stream(num_groups, buffer)]
+
+    def close(self) -> None:
+        """Let the workers close their envs, then end them. The policy actor is left running."""
+        live = [w for w in self.workers if w.died is None]
+        if live:
+            try:  # best effort: a worker that cannot close its envs in time is killed anyway
+                ray.get([w.handle.close.remote() for w in live], timeout=30)
+            except Exception:
+                pass
+        for worker in self.workers:
+            ray.kill(worker.handle)
+        self.workers = []
+
+    def __enter__(self) -> DistributedRollout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- internals ----------------------------------------------------------------------------------
+
+    def _start(self, slot: int, *, replacing: str | None = None) -> WorkerInfo:
+        if self.nodes is None:
+            strategy: Any = "SPREAD"
+        else:
+            node = self.nodes[slot % len(self.nodes)]
+            # A replacement may find its node gone (that may be why it is needed): soft lets Ray
+            # place it elsewhere then. The first placement is exact, as asked.
+            strategy = NodeAffinitySchedulingStrategy(node, soft=replacing is not None)
+        handle = EnvWorker.options(  # type: ignore[attr-defined]  # ray.remote's class decorator is untyped
+            num_cpus=self.num_cpus_per_worker, scheduling_strategy=strategy
+        ).remote(
+            *self._worker_args, **self._worker_kwargs
+        )
+        return WorkerInfo(handle, slot)
+
+    def _replace_dead(self) -> None:
+        # Between calls a slot may hold a worker that died and was not replaced (the budget of the
+        # last call ran out); a new call starts with a full set.
+        for slot, worker in enumerate(self.workers):
+            if worker.died is not None:
+                self.retired.append(worker)
+                self.workers[slot] = self._start(slot, replacing=worker.died)
+
+    async def _pump(self, unit: _Unit, events: asyncio.Queue[tuple[_Unit, Any]]) -> None:
+        """Move one unit's trajectories into ``events``, then ``None``, or the exception that ended it."""
+        worker = unit.worker
+        try:
+            if worker.node_id is None:
+                worker.node_id, worker.pid = await worker.handle.location.remote()
+            unit.stream = worker.handle.run.remote(unit.first, unit.count)
+            async for ref in unit.stream:
+                events.put_nowait((unit, await ref))
+            events.put_nowait((unit, None))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # handed to the controller's loop, which decides what it means
+            events.put_nowait((unit, e))
+
+    def _check_complete(self, unit: _Unit, arrived: Counter[int]) -> None:
+        missing = [g for g in range(unit.first, unit.first + unit.count) if arrived[g] < self.episodes_per_group]
+        if missing:
+            raise RuntimeError(
+                f"Worker {unit.worker.slot}'s stream ended without all episodes of groups {missing}; "
+                "RolloutEngine.stream should yield every episode it starts."
+            )
+
+    def _recover(
+        self,
+        unit: _Unit,
+        error: Exception,
+        arrived: Counter[int],
+        replacements: list[int],
+        launch: Callable[[WorkerInfo, int, int], None],
+    ) -> list[Trajectory]:
+        """Account for a dead unit's groups: play the untouched ones again on a replacement if the
+        budget allows, and return ``WorkerDied`` placeholders for every other missing episode."""
+        dead = unit.worker
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no message'}"
+        if dead.died is None:
+            dead.died = reason
+            # An actor only unreachable for now would go on playing groups that are now someone
+            # else's; make sure it is gone.
+            ray.kill(dead.handle)
+        per_group = self.episodes_per_group
+        groups = range(unit.first, unit.first + unit.count)
+        untouched = [g for g in groups if arrived[g] == 0]
+        # Another unit of the same dead worker may already have brought a replacement in.
+        successor = self.workers[dead.slot]
+        if untouched and successor.died is not None and replacements[0] > 0:
+            replacements[0] -= 1
+            self.retired.append(successor)
+            successor = self.workers[dead.slot] = self._start(dead.slot, replacing=reason)
+        rerun = untouched if successor.died is None else []
+        for start, count in _runs(rerun):
+            launch(successor, start, count)
+        where = f"worker {dead.slot} on node {dead.node_id} (pid {dead.pid})"
+        placeholders = []
+        for g in groups:
+            if g in rerun:
+                continue
+            for _ in range(per_group - arrived[g]):
+                placeholders.append(
+                    Trajectory(
+                        env_id=self.env_id,
+                        policy_id=self.policy_id,
+                        group_id=group_name(self.env_id, self.seed, g),
+                        error=f"WorkerDied: {where} died before finishing this episode ({reason})",
+                        info={"failed_during": "worker", "node_id": dead.node_id},
+                    )
+                )
+        return placeholders
+
+
+def _split(first: int, num_groups: int, parts: int) -> list[tuple[int, int]]:
+    """``num_groups`` groups from ``first`` as ``parts`` contiguous (start, count) ranges, sizes within one."""
+    base, extra = divmod(num_groups, parts)
+    ranges, start = [], first
+    for part in range(parts):
+        count = base + (part < extra)
+        ranges.append((start, count))
+        start += count
+    return ranges
+
+
+def _runs(groups: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted ``groups`` as maximal (start, count) runs of consecutive numbers."""
+    runs: list[tuple[int, int]] = []
+    for g in sorted(groups):
+        if runs and runs[-1][0] + runs[-1][1] == g:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((g, 1))
+    return runs
+
+
+def distributed_rollout(
+    policy: ActorHandle, env_id: str, tokenizer: str | Path, num_groups: int, **kwargs: Any
+) -> DistributedResult:
+    """Start a :class:`DistributedRollout` (``kwargs`` are its arguments), play ``num_groups`` groups,
+    end the workers, and return everything that came back."""
+    with DistributedRollout(policy, env_id, tokenizer, **kwargs) as rollout:
+        trajectories = asyncio.run(rollout.collect(num_groups))
+        workers = rollout.workers + rollout.retired
+    return DistributedResult(trajectories, rollout.stats, workers)
+
+
+# --- agentrl rollout with ray_address ---------------------------------------------------------------
+
+
+def rollout_on_ray(
+    config: RolloutConfig,
+    policy: ActorHandle | Policy | None = None,
+    on_trajectory: Callable[[Trajectory, RolloutStats], None] | None = None,
+) -> tuple[list[Trajectory], RolloutStats]:
+    """:func:`agentrl.run.rollout` on the Ray cluster at ``config.ray_address``: one env worker per
+    node, sharing ``config.concurrency`` between them, and a :class:`PolicyActor` built by
+    :func:`~agentrl.run.make_policy` from the same config (or ``policy``, a running one)."""
+    from agentrl.models import resolve_model
+    from agentrl.run import make_policy
+
+    if policy is not None and not isinstance(policy, ActorHandle):
+        raise ValueError(
+            f"rollout with ray_address={config.ray_address!r} got a {type(policy).__name__}, which lives in "
+            "this process; pass a PolicyActor handle, or no policy to start one from the config."
+        )
+    actor: ActorHandle | None = policy
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(address=config.ray_address)
+    own_policy = actor is None
+    try:
+        # Resolved once, here: the checkpoint path must then be readable on every node.
+        model = resolve_model(config.model)
+        if actor is None:
+            gpus = 1 if config.backend == "vllm" and ray.cluster_resources().get("GPU", 0) >= 1 else 0
+            factory = functools.partial(make_policy, replace(config, model=model, ray_address=None))
+            actor = PolicyActor.options(num_gpus=gpus).remote(factory)  # type: ignore[attr-defined]
+        num_workers = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
+        with DistributedRollout(
+            actor,
+            config.env_id,
+            model,
+            num_workers=num_workers,
+            env_kwargs={"split": config.split},
+            system_prompt=config.system_prompt,
+            sampling=Sampling(
+                max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed
+            ),
+            limits=EpisodeLimits(
+                max_turns=config.max_turns,
+                max_length=config.max_length,
+                turn_timeout=config.turn_timeout,
+                episode_timeout=config.episode_timeout,
+            ),
+            group_size=config.group_size,
+            redundancy=config.redundancy,
+            concurrency=math.ceil(config.concurrency / num_workers),
+            seed=config.seed,
+        ) as rollout:
+
+            async def play() -> list[Trajectory]:
+                trajectories = []
+                async for trajectory in rollout.stream(config.episodes // config.group_size):
+                    trajectories.append(trajectory)
+                    if on_trajectory is not None:
+                        on_trajectory(trajectory, rollout.stats)
+                return trajectories
+
+            trajectories = asyncio.run(play())
+    finally:
+        if own_policy and actor is not None:
+            ray.kill(actor)
+        if own_ray:
+            ray.shutdown()
+    if config.out:
+        Path(config.out).parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl(config.out, trajectories)
+    return trajectories, rollout.stats

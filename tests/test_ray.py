@@ -1,0 +1,390 @@
+"""Env workers and the policy as Ray actors: a local cluster, a killed worker, and two nodes on loopback.
+
+The distributed rollout must give what the local engine gives (same group ids, prompts and, with a
+scripted policy, the same tokens), spread its groups over the workers, and account for every episode
+when a worker dies. The two-node cluster is started with ``ray start`` in its own temp dir, so it
+never takes over another Ray user's default address, and stopped by signalling the processes this
+fixture started (``ray stop`` would stop every Ray cluster on the machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the distributed rollout needs ray (pip install -e '.[cpu]')")
+
+import agentrl  # noqa: E402
+from agentrl.agents import ChatAgent  # noqa: E402
+from agentrl.buffer import TrajectoryBuffer  # noqa: E402
+from agentrl.distributed import DistributedRollout, PolicyActor, _runs, _split, build_policy  # noqa: E402
+from agentrl.policy import Sampling  # noqa: E402
+from agentrl.rollout import EpisodeLimits, RolloutEngine  # noqa: E402
+from agentrl.run import RolloutConfig, rollout  # noqa: E402
+from agentrl.testing import ScriptedPolicy  # noqa: E402
+
+ENV_ID = "agentrl/Calculator-v0"
+REPLY = "Answer: 42"
+OBJECT_STORE_BYTES = 200 * 1024**2
+
+
+def local_trajectories(tokenizer, num_groups, **engine_kwargs):
+    """The same groups played by the local engine with the scripted policy, by group id."""
+    agent = ChatAgent.from_env(tokenizer, agentrl.make(ENV_ID))
+    policy = ScriptedPolicy(tokenizer, REPLY)
+    engine = RolloutEngine(lambda: agentrl.make(ENV_ID), agent, policy, env_id=ENV_ID, **engine_kwargs)
+    by_group = defaultdict(list)
+    for t in asyncio.run(engine.collect(num_groups)):
+        by_group[t.group_id].append(t)
+    return by_group
+
+
+def same_episode(a, b):
+    return (a.token_ids, a.loss_mask, a.logprobs, a.versions, a.reward, a.messages) == (
+        b.token_ids, b.loss_mask, b.logprobs, b.versions, b.reward, b.messages
+    )
+
+
+def generated_runs(trajectory):
+    """The generated tokens of each turn: the maximal runs of loss mask 1."""
+    runs, current = [], []
+    for token, mask in zip(trajectory.token_ids, trajectory.loss_mask):
+        if mask:
+            current.append(token)
+        elif current:
+            runs.append(current)
+            current = []
+    return runs + ([current] if current else [])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_inherited_cluster():
+    """Tests here choose their cluster; an address from the environment must not redirect them."""
+    saved = os.environ.pop("RAY_ADDRESS", None)
+    yield
+    if saved is not None:
+        os.environ["RAY_ADDRESS"] = saved
+
+
+# --- without a cluster ------------------------------------------------------------------------------
+
+
+def test_groups_split_into_contiguous_ranges_and_runs():
+    assert _split(10, 7, 3) == [(10, 3), (13, 2), (15, 2)]
+    assert _split(0, 1, 2) == [(0, 1), (1, 0)]
+    assert _runs([7, 3, 4, 5, 9, 10]) == [(3, 3), (7, 1), (9, 2)]
+    assert _runs([]) == []
+
+
+def test_build_policy_explains_bad_backends(tiny_tokenizer):
+    with pytest.raises(ValueError, match="Unknown backend 'hff'"):
+        build_policy("hff", "model")
+    with pytest.raises(ValueError, match="needs a model"):
+        build_policy("hf")
+    with pytest.raises(ValueError, match="callable backend takes no model"):
+        build_policy(lambda: None, "model")
+    policy = build_policy(lambda: ScriptedPolicy(tiny_tokenizer, REPLY))
+    assert isinstance(policy, ScriptedPolicy)
+
+
+# --- one local cluster ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="class")
+def local_cluster():
+    ray.shutdown()  # another module's cluster, if any
+    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="class")
+def hf_policy(local_cluster, tiny_model_dir):
+    """The tiny model behind the hf backend, in a policy actor."""
+    policy = PolicyActor.remote("hf", str(tiny_model_dir))
+    yield policy
+    ray.kill(policy)
+
+
+@pytest.fixture(scope="class")
+def scripted_rollout(local_cluster, tiny_model_dir):
+    """Two env workers and a scripted policy actor that takes 0.3 s per reply."""
+    policy = PolicyActor.remote("scripted", str(tiny_model_dir), {"reply": REPLY, "delay": 0.3})
+    controller = DistributedRollout(
+        policy,
+        ENV_ID,
+        tiny_model_dir,
+        num_workers=2,
+        limits=EpisodeLimits(max_turns=2, max_length=1024),
+        group_size=2,
+        concurrency=2,
+    )
+    yield controller
+    controller.close()
+    ray.kill(policy)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("local_cluster")
+class TestLocalCluster:
+    def test_hf_rollout_on_two_workers_is_token_exact_and_grouped_as_locally(
+        self, hf_policy, tiny_model_dir, tiny_tokenizer
+    ):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with DistributedRollout(
+            hf_policy,
+            ENV_ID,
+            tiny_model_dir,
+            num_workers=2,
+            sampling=Sampling(max_tokens=16, seed=0),
+            limits=EpisodeLimits(max_turns=2, max_length=1024),
+            group_size=2,
+        ) as controller:
+            trajectories = asyncio.run(controller.collect(num_groups=4))
+            workers = list(controller.workers)
+
+        assert len(trajectories) == 8 and all(t.error is None for t in trajectories)
+        assert len({w.pid for w in workers}) == 2 and [w.episodes for w in workers] == [4, 4]
+        reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+        end = "<|im_end|>"
+        checked = 0
+        for t in trajectories:
+            t.validate()
+            replies = [m for m in t.messages if m.role == "assistant"]
+            runs = generated_runs(t)
+            assert len(runs) == len(replies) == t.turns >= 1
+            for run, reply in zip(runs, replies):
+                if not reply.tool_calls:  # a reply with calls has them moved out of its text
+                    text = tiny_tokenizer.decode(run)
+                    assert text == reply.content + end or (len(run) == 16 and text == reply.content)
+                    checked += 1
+            assert {v for v, m in zip(t.versions, t.loss_mask) if m} == {0}
+            with torch.no_grad():
+                logits = reference(torch.tensor([t.token_ids])).logits[0].float()
+            following = torch.tensor(t.token_ids[1:])[:, None]
+            expected = [0.0] + logits.log_softmax(-1)[:-1].gather(-1, following).squeeze(-1).tolist()
+            assert max(abs(a - b) for a, b, m in zip(t.logprobs, expected, t.loss_mask) if m) < 1e-4
+        assert checked >= 8
+        # The same tasks as the local engine: same group ids, and each group's episodes share its prompt.
+        local = local_trajectories(tiny_tokenizer, 4, group_size=2, limits=EpisodeLimits(max_turns=2, max_length=1024))
+        groups = defaultdict(list)
+        for t in trajectories:
+            groups[t.group_id].append(t.token_ids[: t.prompt_length])
+        assert set(groups) == set(local)
+        for group_id, prompts in groups.items():
+            reference_prompt = local[group_id][0].token_ids[: local[group_id][0].prompt_length]
+            assert len(prompts) == 2 and prompts[0] == prompts[1] == reference_prompt
+
+    def test_killed_workers_are_replaced_and_every_episode_is_accounted_for(self, scripted_rollout, tiny_tokenizer):
+        controller = scripted_rollout
+        first_two = list(controller.workers)
+
+        async def play():
+            trajectories, killed = [], False
+            async for t in controller.stream(num_groups=16):
+                trajectories.append(t)
+                if not killed and all(w.episodes >= 2 for w in first_two):
+                    ray.kill(first_two[0].handle)  # as an operator would
+                    os.kill(first_two[1].pid, signal.SIGKILL)  # as the OOM killer would
+                    killed = True
+            return trajectories
+
+        trajectories = asyncio.run(play())
+        assert len(trajectories) == 32 and controller.stats.episodes == 32
+        counts = Counter(t.group_id for t in trajectories)
+        assert sorted(counts) == sorted(f"{ENV_ID}#0-{g}" for g in range(16)) and set(counts.values()) == {2}
+        failed = [t for t in trajectories if t.error is not None]
+        # Only a group caught half done fails its missing episode: with 2 episodes in flight per
+        # worker, at most 2 such groups per killed worker.
+        assert len(failed) <= 4 and all(t.error.startswith("WorkerDied: ") for t in failed)
+        assert controller.stats.failed == len(failed) and controller.stats.failure_causes["WorkerDied"] == len(failed)
+        assert all(w.died for w in first_two) and sorted(w.slot for w in controller.retired) == [0, 1]
+        replacements = controller.workers
+        assert all(w.died is None and w.episodes > 0 for w in replacements) and len(replacements) == 2
+        # The replacements played the untouched groups as the local engine would have: every
+        # episode that did not fail is the local one.
+        local = local_trajectories(tiny_tokenizer, 16, group_size=2, limits=EpisodeLimits(max_turns=2, max_length=1024))
+        assert all(same_episode(t, local[t.group_id][0]) for t in trajectories if t.error is None)
+
+    def test_without_replacements_lost_groups_fail_as_worker_died(self, scripted_rollout):
+        controller = scripted_rollout
+        controller.max_replacements = 0
+        buffer = TrajectoryBuffer(group_size=2)
+        victim = controller.workers[0]
+        delivered_before = victim.episodes
+
+        async def play():
+            trajectories = []
+            async for t in controller.stream(num_groups=8, buffer=buffer):
+                trajectories.append(t)
+                if victim.died is None and victim.episodes - delivered_before == 1:
+                    ray.kill(victim.handle)
+            return trajectories
+
+        trajectories = asyncio.run(play())
+        # The numbering continues after the 16 groups of the previous call, as a local engine's does.
+        counts = Counter(t.group_id for t in trajectories)
+        assert sorted(counts.items()) == sorted((f"{ENV_ID}#0-{g}", 2) for g in range(16, 24))
+        failed = [t for t in trajectories if t.error is not None]
+        # Groups 16-19 were the victim's, and nothing may be played again: every episode of them
+        # that it did not deliver is a WorkerDied failure.
+        assert len(failed) == 8 - (victim.episodes - delivered_before) >= 2
+        assert all(t.error.startswith("WorkerDied: ") for t in failed)
+        assert {t.group_id for t in failed} <= {f"{ENV_ID}#0-{g}" for g in range(16, 20)}
+        assert buffer.stats.failed == len(failed)
+        assert buffer.stats.released_groups + buffer.stats.incomplete_groups == 8
+        assert [len(g) for g in buffer.get_nowait(8)] == [2] * buffer.stats.released_groups
+        controller.max_replacements = 2
+
+    def test_agentrl_rollout_with_ray_address_plays_in_actors(
+        self, hf_policy, tiny_model_dir, tiny_tokenizer, tmp_path
+    ):
+        config = RolloutConfig(
+            env_id=ENV_ID,
+            model=str(tiny_model_dir),
+            backend="hf",
+            episodes=4,
+            group_size=2,
+            max_turns=2,
+            max_length=1024,
+            max_tokens=16,
+            ray_address=ray.get_runtime_context().gcs_address,
+            out=str(tmp_path / "rollout.jsonl"),
+        )
+        seen = []
+        trajectories, stats = rollout(config, hf_policy, on_trajectory=lambda t, s: seen.append(s.episodes))
+        assert len(trajectories) == 4 and stats.episodes == 4 and seen == [1, 2, 3, 4]
+        assert all(t.error is None and t.group_id.startswith(ENV_ID) for t in trajectories)
+        assert len((tmp_path / "rollout.jsonl").read_text().splitlines()) == 4
+        # The caller's connection and policy actor are the caller's to end.
+        assert ray.is_initialized() and ray.get(hf_policy.version.remote()) == 0
+        with pytest.raises(ValueError, match="lives in this process"):
+            rollout(config, ScriptedPolicy(tiny_tokenizer, REPLY))
+
+
+# --- two nodes on loopback --------------------------------------------------------------------------
+
+# Ray turns 127.0.0.1 into the machine's network address (so that other hosts could join); any
+# other loopback address is kept, which keeps the whole cluster on the loopback interface.
+LOOPBACK = "127.0.0.2"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def start_node(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+    # --block keeps `ray start` in the foreground: signalling its process group ends this node and
+    # nothing else. Fixed default ports (e.g. the dashboard agent's 52365) would collide between two
+    # nodes on one machine, so every listening port is a fresh one. `ray start` is this Python's own.
+    command = [
+        sys.executable, "-m", "ray.scripts.scripts", "start", "--block", f"--node-ip-address={LOOPBACK}",
+        "--num-cpus=2", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats",
+        f"--dashboard-agent-listen-port={free_port()}", *args,
+    ]  # fmt: skip
+    return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(condition, what: str, processes: list[subprocess.Popen], logs: list[Path], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        exited = [" ".join(p.args[3:6]) for p in processes if p.poll() is not None]
+        if exited or time.monotonic() > deadline:
+            tails = "\n".join(f"--- {log}\n{log.read_text()[-2000:]}" for log in logs if log.exists())
+            why = f"{exited} exited" if exited else f"not within {timeout} s"
+            raise RuntimeError(f"Waiting for {what}: {why}.\n{tails}")
+        time.sleep(0.25)
+
+
+def stop_nodes(processes: list[subprocess.Popen], grace: float = 5.0) -> None:
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in running:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:  # a slow graceful stop; these nodes hold nothing worth waiting for
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+@pytest.fixture(scope="class")
+def two_nodes():
+    """A head node and a second node (with resource ``node_b``) on loopback; yields their node ids."""
+    ray.shutdown()
+    # Both nodes and this driver authenticate with the token in ~/.ray (made by the head if absent).
+    # A driver reads the mode once per process, so its config is reloaded as Ray itself does.
+    saved_mode = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "token"
+    ray._raylet.Config.initialize("")
+    env = {**os.environ}
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray2n-", dir="/tmp"))  # short: Ray's socket paths must fit
+    logs = [temp_dir / "head.log", temp_dir / "node_b.log"]
+    port = free_port()
+    address = f"{LOOPBACK}:{port}"
+    processes = []
+    try:
+        head_args = ["--head", f"--port={port}", "--include-dashboard=false", f"--temp-dir={temp_dir}"]
+        processes.append(start_node(head_args, logs[0], env))
+
+        def gcs_up() -> bool:
+            try:
+                socket.create_connection((LOOPBACK, port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+
+        wait_for(gcs_up, "the head's GCS to listen", processes, logs)
+        node_b_args = [f"--address={address}", '--resources={"node_b": 1}', f"--temp-dir={temp_dir}"]
+        processes.append(start_node(node_b_args, logs[1], env))
+        # `ray start --block` says so once its node has registered.
+        wait_for(lambda: all("block forever" in log.read_text() for log in logs), "both nodes", processes, logs)
+        ray.init(address=address, _node_ip_address=LOOPBACK)
+        wait_for(lambda: len([n for n in ray.nodes() if n["Alive"]]) == 2, "two live nodes", processes, logs)
+        nodes = {("b" if "node_b" in n["Resources"] else "head"): n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        yield address, nodes
+    finally:
+        ray.shutdown()
+        stop_nodes(processes)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if saved_mode is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = saved_mode
+        ray._raylet.Config.initialize("")
+
+
+@pytest.mark.slow
+class TestTwoNodes:
+    def test_workers_placed_on_both_nodes_play_every_group(self, two_nodes, tiny_model_dir):
+        _, nodes = two_nodes
+        policy = PolicyActor.remote("scripted", str(tiny_model_dir), {"reply": REPLY})
+        try:
+            with DistributedRollout(
+                policy, ENV_ID, tiny_model_dir, nodes=[nodes["head"], nodes["b"]], group_size=2, concurrency=4
+            ) as controller:
+                trajectories = asyncio.run(controller.collect(num_groups=6))
+                workers = list(controller.workers)
+                policy_node = ray.get(policy.location.remote()).node_id
+        finally:
+            ray.kill(policy)
+        assert [w.node_id for w in workers] == [nodes["head"], nodes["b"]]
+        assert [w.episodes for w in workers] == [6, 6] and policy_node in nodes.values()
+        assert len(trajectories) == 12 and all(t.error is None and t.reward == 0.0 for t in trajectories)
+        assert set(Counter(t.group_id for t in trajectories).values()) == {2}
