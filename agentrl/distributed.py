@@ -642,7 +642,7 @@ def rollout_on_ray(
     node, sharing ``config.concurrency`` between them, and a :class:`PolicyActor` built by
     :func:`~agentrl.run.make_policy` from the same config (or ``policy``, a running one)."""
     from agentrl.models import resolve_model
-    from agentrl.run import make_policy
+    from agentrl.run import collect, limits_of, make_policy, sampling_of
 
     if policy is not None and not isinstance(policy, ActorHandle):
         raise ValueError(
@@ -669,30 +669,14 @@ def rollout_on_ray(
             num_workers=num_workers,
             env_kwargs={"split": config.split},
             system_prompt=config.system_prompt,
-            sampling=Sampling(
-                max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed
-            ),
-            limits=EpisodeLimits(
-                max_turns=config.max_turns,
-                max_length=config.max_length,
-                turn_timeout=config.turn_timeout,
-                episode_timeout=config.episode_timeout,
-            ),
+            sampling=sampling_of(config),
+            limits=limits_of(config),
             group_size=config.group_size,
             redundancy=config.redundancy,
             concurrency=math.ceil(config.concurrency / num_workers),
             seed=config.seed,
         ) as rollout:
-
-            async def play() -> list[Trajectory]:
-                trajectories = []
-                async for trajectory in rollout.stream(config.episodes // config.group_size):
-                    trajectories.append(trajectory)
-                    if on_trajectory is not None:
-                        on_trajectory(trajectory, rollout.stats)
-                return trajectories
-
-            trajectories = asyncio.run(play())
+            trajectories = asyncio.run(collect(rollout, config.episodes // config.group_size, on_trajectory))
     finally:
         if own_policy and actor is not None:
             ray.kill(actor)

@@ -138,28 +138,15 @@ def rollout(
             agent,
             policy,
             env_id=config.env_id,
-            sampling=Sampling(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed),
-            limits=EpisodeLimits(
-                max_turns=config.max_turns,
-                max_length=config.max_length,
-                turn_timeout=config.turn_timeout,
-                episode_timeout=config.episode_timeout,
-            ),
+            sampling=sampling_of(config),
+            limits=limits_of(config),
             group_size=config.group_size,
             redundancy=config.redundancy,
             concurrency=config.concurrency,
             seed=config.seed,
         )
 
-        async def play() -> list[Trajectory]:
-            trajectories = []
-            async for trajectory in engine.stream(config.episodes // config.group_size):
-                trajectories.append(trajectory)
-                if on_trajectory is not None:
-                    on_trajectory(trajectory, engine.stats)
-            return trajectories
-
-        trajectories = asyncio.run(play())
+        trajectories = asyncio.run(collect(engine, config.episodes // config.group_size, on_trajectory))
         engine.close()
     finally:
         if own_policy:
@@ -168,6 +155,33 @@ def rollout(
         Path(config.out).parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(config.out, trajectories)
     return trajectories, engine.stats
+
+
+def sampling_of(config: RolloutConfig) -> Sampling:
+    """The sampling settings a rollout config asks for."""
+    return Sampling(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed)
+
+
+def limits_of(config: RolloutConfig) -> EpisodeLimits:
+    """The episode limits a rollout config asks for."""
+    return EpisodeLimits(
+        max_turns=config.max_turns,
+        max_length=config.max_length,
+        turn_timeout=config.turn_timeout,
+        episode_timeout=config.episode_timeout,
+    )
+
+
+async def collect(
+    engine: Any, num_groups: int, on_trajectory: Callable[[Trajectory, RolloutStats], None] | None = None
+) -> list[Trajectory]:
+    """Drain ``engine.stream(num_groups)`` (a local or distributed engine), calling ``on_trajectory``."""
+    trajectories = []
+    async for trajectory in engine.stream(num_groups):
+        trajectories.append(trajectory)
+        if on_trajectory is not None:
+            on_trajectory(trajectory, engine.stats)
+    return trajectories
 
 
 def _tokenizer_of(policy: Any, config: RolloutConfig) -> Any:
