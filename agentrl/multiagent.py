@@ -45,7 +45,15 @@ from agentrl.agents.chat import ChatAgent, TrajectoryBuilder
 from agentrl.buffer import TrajectoryBuffer
 from agentrl.policy import Policy, Sampling
 from agentrl.registry import UnknownEnvError, load_plugins
-from agentrl.rollout import EpisodeLimits, EpisodeTimeout, RolloutStats
+from agentrl.rollout import (
+    EpisodeLimits,
+    EpisodeTimeout,
+    RolloutStats,
+    close_quietly,
+    group_env_seed,
+    group_name,
+    sample_sampling,
+)
 from agentrl.threads import ENV_THREADS
 from agentrl.types import Message, Trajectory
 
@@ -601,7 +609,7 @@ class MultiAgentRolloutEngine:
     def close(self) -> None:
         """Close the idle envs."""
         for env in self._idle_envs:
-            _close_quietly(env)
+            close_quietly(env)
         self._idle_envs.clear()
 
     async def _run_group(
@@ -623,8 +631,8 @@ class MultiAgentRolloutEngine:
         done: asyncio.Queue[dict[str, Trajectory] | Exception],
         buffer: TrajectoryBuffer | None,
     ) -> None:
-        group_id = f"{self.env_id or 'env'}#{self.seed}-{group}"
-        env_seed = self.seed * 1_000_003 + group
+        group_id = group_name(self.env_id, self.seed, group)
+        env_seed = group_env_seed(self.seed, group)
         episodes = [
             asyncio.create_task(self._run_one(group_id, env_seed, sample, slots))
             for sample in range(self.group_size + self.redundancy)
@@ -646,15 +654,12 @@ class MultiAgentRolloutEngine:
     ) -> dict[str, Trajectory]:
         async with slots:
             env = self._idle_envs.pop() if self._idle_envs else self.make_env()
-            sampling = self.sampling
-            if sampling.seed is not None:
-                sampling = replace(sampling, seed=sampling.seed + env_seed * 1000 + sample)
             trajectories = await run_multiagent_episode(
                 env,
                 self.agents,
                 self.policies,
                 self.mapping,
-                sampling,
+                sample_sampling(self.sampling, env_seed, sample),
                 self.limits,
                 seed=env_seed,
                 env_id=self.env_id,
@@ -663,12 +668,6 @@ class MultiAgentRolloutEngine:
             if all(t.error is None for t in trajectories.values()):
                 self._idle_envs.append(env)
             else:  # it may be wedged in a thread; a fresh one plays the next episode
-                _close_quietly(env)
+                close_quietly(env)
             return trajectories
 
-
-def _close_quietly(env: MultiAgentEnv) -> None:
-    try:
-        env.close()
-    except Exception:  # closing a broken env is best effort; the episode already recorded why
-        pass

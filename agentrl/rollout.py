@@ -281,14 +281,14 @@ class RolloutEngine:
     def close(self) -> None:
         """Close the idle envs."""
         for env in self._idle_envs:
-            _close_quietly(env)
+            close_quietly(env)
         self._idle_envs.clear()
 
     async def _run_group(
         self, group: int, slots: asyncio.Semaphore, done: asyncio.Queue[Trajectory], buffer: TrajectoryBuffer | None
     ) -> None:
         group_id = self.group_id(group)
-        env_seed = self.seed * 1_000_003 + group
+        env_seed = group_env_seed(self.seed, group)
         episodes = [
             asyncio.create_task(self._run_one(group_id, env_seed, sample, slots))
             for sample in range(self.group_size + self.redundancy)
@@ -304,14 +304,11 @@ class RolloutEngine:
     async def _run_one(self, group_id: str, env_seed: int, sample: int, slots: asyncio.Semaphore) -> Trajectory:
         async with slots:
             env = self._idle_envs.pop() if self._idle_envs else self.make_env()
-            sampling = self.sampling
-            if sampling.seed is not None:
-                sampling = replace(sampling, seed=sampling.seed + env_seed * 1000 + sample)
             trajectory = await run_episode(
                 env,
                 self.agent,
                 self.policy,
-                sampling,
+                sample_sampling(self.sampling, env_seed, sample),
                 self.limits,
                 seed=env_seed,
                 env_id=self.env_id,
@@ -321,7 +318,7 @@ class RolloutEngine:
             if trajectory.error is None:
                 self._idle_envs.append(env)
             else:  # it may be wedged in a thread; a fresh one plays the next episode
-                _close_quietly(env)
+                close_quietly(env)
             return trajectory
 
 
@@ -330,7 +327,20 @@ def group_name(env_id: str, seed: int, group: int) -> str:
     return f"{env_id or 'env'}#{seed}-{group}"
 
 
-def _close_quietly(env: AgentEnv) -> None:
+def group_env_seed(seed: int, group: int) -> int:
+    """The env seed every episode of group number ``group`` resets with (so they share a task)."""
+    return seed * 1_000_003 + group
+
+
+def sample_sampling(sampling: Sampling, env_seed: int, sample: int) -> Sampling:
+    """The sampling settings of sample ``sample`` of a group: its own sampler seed, if seeded."""
+    if sampling.seed is None:
+        return sampling
+    return replace(sampling, seed=sampling.seed + env_seed * 1000 + sample)
+
+
+def close_quietly(env: Any) -> None:
+    """Close an env, best effort: one that failed may fail to close too."""
     try:
         env.close()
     except Exception:  # closing a broken env is best effort; the episode already recorded why
