@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -245,23 +245,31 @@ class RolloutEngine:
         return group_name(self.env_id, self.seed, group)
 
     async def stream(
-        self, num_groups: int, buffer: TrajectoryBuffer | None = None, first_group: int | None = None
+        self,
+        num_groups: int | None = None,
+        buffer: TrajectoryBuffer | None = None,
+        first_group: int | None = None,
+        groups: Iterable[int] | None = None,
     ) -> AsyncIterator[Trajectory]:
         """Play ``num_groups`` groups; yield each trajectory as it finishes (and put it in ``buffer``).
 
         Groups are numbered on from the previous call, or from ``first_group`` when given (a
-        distributed controller hands each worker its own range).
+        distributed controller hands each worker its own range). ``groups`` names the group numbers
+        outright instead (a resumed trainer replays exactly the groups it has not trained on).
         """
+        if (num_groups is None) == (groups is None):
+            raise ValueError("pass exactly one of num_groups and groups.")
         slots = asyncio.Semaphore(self.concurrency)
         done: asyncio.Queue[Trajectory] = asyncio.Queue()
         started = time.perf_counter()
-        if first_group is not None:
-            self._next_group = first_group
-        tasks = []
-        for _ in range(num_groups):
-            group = self._next_group
-            self._next_group += 1
-            tasks.append(asyncio.create_task(self._run_group(group, slots, done, buffer)))
+        if groups is None:
+            if first_group is not None:
+                self._next_group = first_group
+            groups = range(self._next_group, self._next_group + num_groups)
+            self._next_group += num_groups
+        groups = list(groups)
+        num_groups = len(groups)
+        tasks = [asyncio.create_task(self._run_group(group, slots, done, buffer)) for group in groups]
         expected = num_groups * (self.group_size + self.redundancy)
         try:
             for _ in range(expected):
