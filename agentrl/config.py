@@ -5,6 +5,9 @@ the field). :func:`load_config` reads a YAML mapping, applies command-line overr
 key and type, and builds the dataclass, whose ``__post_init__`` checks the cross-field rules::
 
     config = load_config(RolloutConfig, "examples/rollout.yaml", ["episodes=64", "backend=hf"])
+
+A field whose type is itself a config dataclass is a section: a nested mapping in YAML, and a
+dotted key on the command line (``trainer.lr=1e-5``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,13 @@ def load_config(cls: type[T], path: str | Path | None = None, overrides: list[st
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"Override {item!r} must look like key=value, e.g. episodes=64.")
-        data[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        *sections, name = key.strip().split(".")
+        target = data
+        for section in sections:
+            if not isinstance(target.get(section, {}), dict):
+                raise ConfigError(f"Override {item!r}: {section!r} is a value, not a section.")
+            target = target.setdefault(section, {})
+        target[name] = yaml.safe_load(raw) if raw.strip() else ""
     return from_dict(cls, data, source=str(path) if path else "overrides")
 
 
@@ -54,6 +63,11 @@ def from_dict(cls: type[T], data: dict[str, Any], source: str = "config") -> T:
             close = difflib.get_close_matches(key, list(fields), n=1)
             hint = f" Did you mean {close[0]!r}?" if close else f" Known fields: {', '.join(sorted(fields))}."
             raise ConfigError(f"Unknown field {key!r} in {source} for {cls.__name__}.{hint}")
+        if dataclasses.is_dataclass(hints[key]):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{cls.__name__}.{key} is a section: give a mapping of its fields, got {value!r}.")
+            values[key] = from_dict(hints[key], value, source)
+            continue
         values[key] = _coerce(value, hints[key], f"{cls.__name__}.{key}")
     try:
         return cls(**values)
@@ -106,6 +120,11 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise ConfigError(f"{where} must be an integer, got {value!r}.")
         return value
     if hint is float:
+        if isinstance(value, str):  # YAML 1.1 reads "1e-5" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where} must be a number, got {value!r}.")
         return float(value)

@@ -39,3 +39,30 @@ def test_every_field_has_a_doc():
     docs = field_docs(RolloutConfig)
     missing = [name for name in RolloutConfig.__dataclass_fields__ if not docs.get(name)]
     assert not missing
+
+
+def test_sections_fill_from_nested_yaml_and_dotted_overrides(tmp_path):
+    from dataclasses import dataclass, field
+
+    @dataclass
+    class Inner:
+        lr: float = 1.0
+        """Learning rate."""
+
+    @dataclass
+    class Outer:
+        inner: Inner = field(default_factory=Inner)
+        """A section."""
+        steps: int = 1
+        """Steps."""
+
+    path = tmp_path / "c.yaml"
+    path.write_text("steps: 3\ninner:\n  lr: 0.5\n")
+    assert load_config(Outer, path) == Outer(Inner(0.5), 3)
+    assert load_config(Outer, path, ["inner.lr=2e-3"]).inner.lr == 2e-3
+    with pytest.raises(ConfigError, match="Did you mean 'lr'"):
+        load_config(Outer, None, ["inner.lrr=1"])
+    with pytest.raises(ConfigError, match="is a section"):
+        load_config(Outer, None, ["inner=3"])
+    with pytest.raises(ConfigError, match="steps must be an integer"):
+        load_config(Outer, None, ["steps.x=3"])
