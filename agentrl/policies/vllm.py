@@ -10,19 +10,23 @@ rollout, a test, the trainer) can await it, and a caller's loop closing never st
 output handler. A cancelled request (an episode timed out) is aborted in the engine.
 
 Weight updates go to the worker through a worker extension (:mod:`agentrl.policies.vllm_worker`):
-the trainer's whole ``state_dict()`` is serialised once and loaded in place with vLLM's
-``reload_weights``, and the prefix cache is reset (its entries were computed with the old weights). Requests running during an update finish on the new weights; their tokens keep
-the version they started with (the next version begins with the next request).
+the trainer's whole ``state_dict()`` is written once as a safetensors file in shared memory
+(``/dev/shm``), the worker maps it and loads it in place with vLLM's ``reload_weights``, and the
+prefix cache is reset (its entries were computed with the old weights). A file beats sending the
+tensors through the engine's RPC pipe: 3.5 s against 11 s for SmolLM2-135M here. Requests running
+during an update finish on the new weights; their tokens keep the version they started with (the
+next version begins with the next request).
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
+import contextlib
 import os
+import tempfile
 import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,14 +103,15 @@ class VLLMPolicy:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """Load every tensor of the trainer's ``state_dict()`` into the engine; return the new version."""
-        self._call(self._push(_serialise(named_tensors)))
+        with _weights_file(named_tensors) as path:
+            self._call(self._push(path))
         self._version += 1
         return self._version
 
     async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """:meth:`update_weights` without blocking the caller's event loop."""
-        blob = _serialise(named_tensors)
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._push(blob), self._loop))
+        with _weights_file(named_tensors) as path:
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._push(path), self._loop))
         self._version += 1
         return self._version
 
@@ -152,8 +157,8 @@ class VLLMPolicy:
         finish = {"stop": "stop", "length": "length"}.get(str(completion.finish_reason), "abort")
         return Generation(token_ids, logprobs, version, finish)  # type: ignore[arg-type]
 
-    async def _push(self, blob: bytes) -> None:
-        await self.engine.collective_rpc("agentrl_load_state", args=(blob,))
+    async def _push(self, path: str) -> None:
+        await self.engine.collective_rpc("agentrl_load_file", args=(path,))
         # Cached prefixes hold keys and values computed with the old weights; reusing them would
         # make the new policy's log-probs silently wrong for every prompt seen before the update.
         await self.engine.reset_prefix_cache()
@@ -169,10 +174,26 @@ class VLLMPolicy:
             self._thread.join(timeout=10)
 
 
-def _serialise(named_tensors: Iterable[tuple[str, Any]]) -> bytes:
-    import torch
+@contextlib.contextmanager
+def _weights_file(named_tensors: Iterable[tuple[str, Any]]) -> Iterator[str]:
+    """The tensors as a safetensors file in shared memory (a temp dir where there is none)."""
+    from safetensors.torch import save_file
 
-    state = {name: tensor.detach().to("cpu").contiguous() for name, tensor in named_tensors}
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    return buffer.getvalue()
+    state: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, tensor in named_tensors:
+        tensor = tensor.detach().to("cpu").contiguous()
+        # Tied weights (lm_head.weight is embed_tokens.weight) share storage, which safetensors
+        # refuses; vLLM still needs the head under its own name, so it goes as a copy.
+        if tensor.data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        state[name] = tensor
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    handle, path = tempfile.mkstemp(prefix="agentrl-weights-", suffix=".safetensors", dir=folder)
+    os.close(handle)
+    try:
+        save_file(state, path)
+        yield path
+    finally:
+        os.unlink(path)

@@ -1,12 +1,12 @@
 """Methods added to every vLLM worker process (vLLM's ``worker_extension_cls``).
 
 The engine calls them with ``collective_rpc("name", args=...)``. They run inside the worker, next
-to the model, so new weights arrive as one serialised state dict and are loaded in place.
+to the model, so new weights arrive as one safetensors file (in shared memory) and are loaded in
+place.
 """
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 
@@ -15,15 +15,15 @@ class WeightSync:
 
     model_runner: Any  # set by vLLM on the worker this class is mixed into
 
-    def agentrl_load_state(self, blob: bytes) -> int:
-        """Load ``torch.save(state_dict)`` bytes with vLLM's in-place reload; return the tensor count.
+    def agentrl_load_file(self, path: str) -> int:
+        """Load a safetensors file of the whole state dict with vLLM's in-place reload; return the tensor count.
 
         Every tensor must be there, the tied ``lm_head.weight`` included: vLLM's reload
         re-materialises the head from what it is given, and leaving it out silently keeps a stale
         head (a log-prob mismatch of a nat or more, measured here).
         """
-        import torch
+        from safetensors.torch import load_file
 
-        state = torch.load(io.BytesIO(blob), weights_only=True, map_location="cpu")
+        state = load_file(path, device="cpu")
         self.model_runner.reload_weights(weights_iterator=iter(state.items()))
         return len(state)
