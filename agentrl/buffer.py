@@ -106,6 +106,10 @@ class TrajectoryBuffer:
             self.stats.stale_groups += 1
             self.stats.released_groups -= 1
 
+    def ready_groups(self) -> list[list[Trajectory]]:
+        """The complete groups waiting for the trainer, oldest completion first (not taken out)."""
+        return [list(group) for group in self._ready.values()]
+
     def get_nowait(self, num_groups: int) -> list[list[Trajectory]]:
         """Take up to ``num_groups`` ready groups, oldest completion first."""
         taken = []

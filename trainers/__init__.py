@@ -1,1 +1,42 @@
-"""Trainers (PPO, GRPO and friends). Not yet implemented: see the trainers issue."""
+"""Trainers: advantage estimators and losses as small pure functions, the training step, checkpoints.
+
+- :mod:`agentrl.trainers.advantages`: GRPO, Dr. GRPO, RLOO, REINFORCE++, GAE.
+- :mod:`agentrl.trainers.losses`: PPO's clipped surrogate (asymmetric, dual-clip, TIS, decoupled),
+  value loss, KL estimators, entropy, loss aggregation modes.
+- :mod:`agentrl.trainers.batch`: trajectories as padded tensors.
+- :mod:`agentrl.trainers.trainer`: :class:`Trainer` and :class:`TrainerConfig`, the training step.
+- :mod:`agentrl.trainers.models`: the policy (LoRA), reference and value models; weights for the engine.
+- :mod:`agentrl.trainers.checkpoint`: atomic checkpoints.
+
+The controller that runs rollouts and training together is :mod:`agentrl.train` (``agentrl train``).
+"""
+
+from agentrl.trainers.advantages import ADVANTAGE_ESTIMATORS, estimate_advantages, gae, group_advantages, rloo_advantages
+from agentrl.trainers.batch import Batch, collate
+from agentrl.trainers.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from agentrl.trainers.losses import aggregate, kl_estimate, policy_loss, value_loss
+from agentrl.trainers.models import ValueModel, generated_logprobs, inference_state_dict, load_policy_model
+from agentrl.trainers.trainer import Trainer, TrainerConfig
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "Batch",
+    "Trainer",
+    "TrainerConfig",
+    "ValueModel",
+    "aggregate",
+    "collate",
+    "estimate_advantages",
+    "gae",
+    "generated_logprobs",
+    "group_advantages",
+    "inference_state_dict",
+    "kl_estimate",
+    "list_checkpoints",
+    "load_checkpoint",
+    "load_policy_model",
+    "policy_loss",
+    "rloo_advantages",
+    "save_checkpoint",
+    "value_loss",
+]

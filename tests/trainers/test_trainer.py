@@ -1,0 +1,195 @@
+"""The training step on the tiny model: it learns, accumulation and data parallelism change nothing,
+the fast log-prob path equals a full forward pass, LoRA and PPO work, state round-trips."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import learnable_env
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import agentrl
+from agentrl.agents.chat import ChatAgent
+from agentrl.policies.hf import HFPolicy
+from agentrl.policy import Sampling
+from agentrl.rollout import RolloutEngine
+from agentrl.trainers import Trainer, TrainerConfig, ValueModel, collate, generated_logprobs, load_policy_model
+from agentrl.trainers.losses import token_logprobs
+from agentrl.trainers.models import inference_state_dict
+
+
+@pytest.fixture(scope="module")
+def trajectories(tiny_model_dir):
+    """16 real SayA trajectories (4 groups of 4) played by the tiny model."""
+    torch.set_num_threads(1)
+    policy = HFPolicy(tiny_model_dir)
+    agent = ChatAgent.from_env(policy.tokenizer, agentrl.make(learnable_env.ENV_ID))
+    engine = RolloutEngine(
+        lambda: agentrl.make(learnable_env.ENV_ID),
+        agent,
+        policy,
+        env_id=learnable_env.ENV_ID,
+        sampling=Sampling(max_tokens=8),
+        group_size=4,
+    )
+    played = asyncio.run(engine.collect(4))
+    policy.close()
+    assert all(t.error is None for t in played)
+    return sorted(played, key=lambda t: t.group_id)
+
+
+def _trainer(model_dir, **overrides) -> Trainer:
+    torch.manual_seed(0)
+    config = TrainerConfig(**{"lr": 1e-3, "micro_batch_size": 16, **overrides})
+    value_model = ValueModel(model_dir) if config.algorithm == "ppo" else None
+    return Trainer(load_policy_model(model_dir), config, pad_token_id=0, value_model=value_model)
+
+
+def _grads(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+def test_generated_logprobs_equal_a_full_forward_pass(tiny_model_dir, trajectories):
+    model = load_policy_model(tiny_model_dir)
+    batch = collate(trajectories, pad_token_id=0)
+    with torch.no_grad():
+        fast = generated_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask).logprobs
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        full = token_logprobs(logits, batch.input_ids) * batch.loss_mask
+    assert batch.num_tokens > 0
+    torch.testing.assert_close(fast, full, atol=1e-5, rtol=0)
+    # and they are the behaviour log-probs the hf backend recorded (same weights, fp32)
+    torch.testing.assert_close(fast, batch.behaviour_logprobs, atol=1e-4, rtol=0)
+
+
+def test_a_step_changes_the_weights_and_the_engine_copy(tiny_model_dir, trajectories):
+    trainer = _trainer(tiny_model_dir)
+    before = {n: t.clone() for n, t in inference_state_dict(trainer.model)}
+    metrics = trainer.step(trajectories)
+    after = dict(inference_state_dict(trainer.model))
+    assert "lm_head.weight" in after  # the tied head goes to the engine under its own name
+    assert any(not torch.equal(before[n], after[n]) for n in before)
+    for name in ("train/loss", "train/policy_loss", "train/entropy", "train/grad_norm", "train/clip_fraction", "train/lr"):
+        assert name in metrics and metrics[name] == metrics[name], name
+    assert metrics["train/entropy"] > 0
+    assert trainer.step_count == 1
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+def test_micro_batches_accumulate_to_the_whole_batch(tiny_model_dir, trajectories, mode):
+    whole = _trainer(tiny_model_dir, micro_batch_size=16, loss_aggregation=mode, max_grad_norm=0.0)
+    pieces = _trainer(tiny_model_dir, micro_batch_size=1, loss_aggregation=mode, max_grad_norm=0.0)
+    a, b = whole.step(trajectories), pieces.step(trajectories)
+    assert a["train/loss"] == pytest.approx(b["train/loss"], abs=1e-6)
+    grads_a, grads_b = _grads(whole), _grads(pieces)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-6, rtol=1e-5)
+
+
+def test_several_epochs_and_mini_batches_recompute_old_logprobs(tiny_model_dir, trajectories):
+    trainer = _trainer(tiny_model_dir, epochs=2, mini_batches=2, micro_batch_size=4, lr=1e-2)
+    metrics = trainer.step(trajectories)
+    # after the first update the ratio moves off 1, so later updates see the clip
+    assert metrics["train/approx_kl"] != 0.0
+    assert trainer.scheduler.last_epoch == 4  # one scheduler step per optimizer step
+
+
+def test_ppo_trains_policy_and_critic(tiny_model_dir, trajectories):
+    trainer = _trainer(tiny_model_dir, algorithm="ppo", value_lr=1e-3)
+    assert trainer.value_model is not None
+    head_before = trainer.value_model.head.weight.clone()
+    first = trainer.step(trajectories)["train/value_loss"]
+    for _ in range(4):
+        last = trainer.step(trajectories)["train/value_loss"]
+    assert not torch.equal(head_before, trainer.value_model.head.weight)
+    assert last < first  # the critic fits the returns it is shown again
+
+
+def test_kl_to_the_reference_is_zero_at_the_start(tiny_model_dir, trajectories):
+    from agentrl.trainers.models import load_reference_model
+
+    config = TrainerConfig(lr=1e-2, micro_batch_size=16, kl_coef=0.1)
+    trainer = Trainer(load_policy_model(tiny_model_dir), config, pad_token_id=0, ref_model=load_reference_model(tiny_model_dir))
+    assert trainer.step(trajectories)["train/kl"] == pytest.approx(0.0, abs=1e-6)
+    assert trainer.step(trajectories)["train/kl"] > 1e-6  # the policy moved away from the reference
+    with pytest.raises(ValueError, match="needs a reference model"):
+        Trainer(load_policy_model(tiny_model_dir), config, pad_token_id=0)
+
+
+def test_lora_trains_adapters_and_merges_for_the_engine(tiny_model_dir, trajectories):
+    model = load_policy_model(tiny_model_dir, lora_rank=4, lora_alpha=8)
+    base_names = {n for n, _ in inference_state_dict(load_policy_model(tiny_model_dir))}
+    trainer = Trainer(model, TrainerConfig(lr=1e-2, micro_batch_size=16), pad_token_id=0)
+    frozen = {n: p.clone() for n, p in model.named_parameters() if not p.requires_grad}
+    trainer.step(trajectories)
+    merged = dict(trainer.inference_weights())
+    assert set(merged) == base_names  # the engine sees plain checkpoint names, no adapters
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            assert torch.equal(param, frozen[name]), name  # only adapters train
+    plain = load_policy_model(tiny_model_dir)
+    changed = [n for n, t in plain.state_dict().items() if not torch.allclose(t, merged[n])]
+    assert changed and all("proj" in n for n in changed)  # the merged deltas sit in the adapted layers
+
+
+def test_state_dict_round_trip_reproduces_the_next_step(tiny_model_dir, trajectories):
+    first = _trainer(tiny_model_dir, lr=1e-2)
+    first.step(trajectories)
+    saved = copy.deepcopy(first.state_dict())
+    first.step(trajectories)
+    second = _trainer(tiny_model_dir, lr=1e-2)
+    second.load_state_dict(saved)
+    second.step(trajectories)
+    for (name, a), (_, b) in zip(first.model.state_dict().items(), second.model.state_dict().items()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0, msg=name)
+
+
+def test_bad_settings_say_what_to_do():
+    with pytest.raises(ValueError, match="dual_clip must be above 1"):
+        TrainerConfig(dual_clip=0.5)
+    with pytest.raises(ValueError, match="at least 1"):
+        TrainerConfig(micro_batch_size=0)
+    assert TrainerConfig(algorithm="dr_grpo").loss_aggregation == "seq-mean-token-sum-norm"
+
+
+# --- data parallel: two processes with gloo make the update one process makes -------------------
+
+
+def _data_parallel_worker(rank: int, world: int, init_file: str, model_dir: str, trajectories, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        trainer = _trainer(model_dir, micro_batch_size=2, max_grad_norm=0.0)
+        share = len(trajectories) // world  # whole groups per process
+        trainer.step(trajectories[rank * share : (rank + 1) * share])
+        if rank == 0:
+            torch.save({"grads": _grads(trainer), "params": trainer.model.state_dict()}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_gloo_processes_equal_one(tiny_model_dir, trajectories, tmp_path):
+    out = str(tmp_path / "rank0.pt")
+    mp.get_context("spawn")
+    mp.spawn(
+        _data_parallel_worker,
+        args=(2, str(tmp_path / "init"), str(tiny_model_dir), trajectories, out),
+        nprocs=2,
+        join=True,
+    )
+    parallel = torch.load(out)
+    single = _trainer(tiny_model_dir, micro_batch_size=2, max_grad_norm=0.0)
+    single.step(trajectories)
+    grads = _grads(single)
+    assert grads.keys() == parallel["grads"].keys()
+    for name in grads:
+        torch.testing.assert_close(parallel["grads"][name], grads[name], atol=1e-6, rtol=1e-5, msg=name)
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(parallel["params"][name], value, atol=1e-6, rtol=1e-5, msg=name)
+

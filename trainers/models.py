@@ -1,0 +1,178 @@
+"""The models a trainer holds: the policy (optionally with LoRA), a frozen reference, a value model.
+
+Also the one forward pass every loss needs, :func:`generated_logprobs`: log-probs (and entropies)
+of the generated tokens only. The language-model head is applied to the positions that predict a
+generated token and nowhere else; in multi-turn trajectories most tokens are prompt and
+observations, and the head (hidden x vocabulary) is the largest matrix of a small model, so this is
+most of the trainer's speed. Models whose logits are not plainly ``lm_head(hidden)`` (soft-capped
+or scaled logits) take the ordinary full forward pass instead.
+
+:func:`inference_state_dict` is what goes to the inference engine after an update: every tensor
+under the transformers checkpoint's names, the tied ``lm_head.weight`` included, LoRA merged in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+
+class TokenStats(NamedTuple):
+    """Per-token results of :func:`generated_logprobs`, ``[B, T]`` aligned with the token ids."""
+
+    logprobs: torch.Tensor
+    """Log-prob of each generated token given the tokens before it (0 where ``loss_mask`` is 0)."""
+    entropy: torch.Tensor
+    """Entropy of the policy's distribution at each generated token (0 elsewhere)."""
+
+
+def load_policy_model(
+    path: str | Path,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    lora_rank: int = 0,
+    lora_alpha: float = 16.0,
+    lora_target_modules: str | list[str] = "all-linear",
+    gradient_checkpointing: bool = False,
+) -> nn.Module:
+    """A transformers causal LM to train, from a checkpoint directory (with LoRA when ``lora_rank`` > 0)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=lora_target_modules, lora_dropout=0.0)
+        model = get_peft_model(model, config)
+    model.train()
+    return model
+
+
+def load_reference_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu") -> nn.Module:
+    """A frozen copy of the starting policy, for the KL term."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+class ValueModel(nn.Module):
+    """PPO's critic: the policy's backbone (its own copy) and a scalar head.
+
+    ``values[:, t]`` estimates the return from the state in which token ``t`` is about to be
+    generated, so it is read from the hidden state at ``t - 1``; position 0 holds 0.
+    """
+
+    def __init__(self, path: str | Path, *, dtype: str = "float32", device: str = "cpu"):
+        super().__init__()
+        from transformers import AutoModel
+
+        self.backbone = AutoModel.from_pretrained(str(path), dtype=getattr(torch, dtype))
+        self.head = nn.Linear(self.backbone.config.hidden_size, 1, dtype=getattr(torch, dtype))
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        self.to(device)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        values = self.head(hidden).squeeze(-1).float()
+        return torch.nn.functional.pad(values[:, :-1], (1, 0))
+
+
+def generated_logprobs(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    entropy_grad: bool = False,
+) -> TokenStats:
+    """Log-probs and entropies of the generated tokens (``loss_mask`` 1), computed in fp32.
+
+    The entropy is differentiable only with ``entropy_grad`` (an entropy bonus needs it; a metric
+    does not, and its graph over the vocabulary would cost memory).
+    """
+    base = _unwrap(model)
+    targets = loss_mask[:, 1:].bool()  # position t-1 predicts token t
+    if _plain_head(base):
+        backbone = getattr(base, base.base_model_prefix)
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        logits = base.get_output_embeddings()(hidden[:, :-1][targets]).float()
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets].float()
+    log_dist = torch.log_softmax(logits, dim=-1)
+    chosen = log_dist.gather(-1, input_ids[:, 1:][targets].unsqueeze(-1)).squeeze(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        spread = -(log_dist.exp() * log_dist).sum(-1)
+    logprobs = torch.zeros(loss_mask.shape, dtype=torch.float32, device=loss_mask.device)
+    entropy = torch.zeros_like(logprobs)
+    logprobs[:, 1:] = logprobs[:, 1:].masked_scatter(targets, chosen)
+    entropy[:, 1:] = entropy[:, 1:].masked_scatter(targets, spread)
+    return TokenStats(logprobs, entropy)
+
+
+def inference_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor the inference engine needs, under the transformers checkpoint's names.
+
+    With LoRA the adapters are merged into new tensors (the trainable model is left untouched). Tied weights appear under both names (vLLM needs ``lm_head.weight``).
+    """
+    try:
+        from peft import PeftModel
+    except ImportError:  # peft is optional at run time
+        PeftModel = ()  # type: ignore[assignment,misc]
+    if isinstance(model, PeftModel):
+        # Merged out of place: merging into the weights and unmerging again would leave rounding
+        # errors in the frozen base weights at every sync.
+        state = {_base_name(n): t.detach() for n, t in model.state_dict().items() if "lora_" not in n}
+        for name, module in model.named_modules():
+            if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+                key = _base_name(f"{name}.base_layer.weight")
+                delta = sum(module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A)
+                state[key] = (module.base_layer.weight + delta).detach()
+        yield from state.items()
+        return
+    yield from ((name, tensor.detach()) for name, tensor in model.state_dict().items())
+
+
+def save_pretrained(model: nn.Module, tokenizer: Any, out: str | Path) -> Path:
+    """Export a plain transformers checkpoint (LoRA merged) that transformers and vLLM load."""
+    out = Path(out)
+    base = _unwrap(model)
+    state = dict(inference_state_dict(model))
+    # save_pretrained drops a tied head from the file; loaders re-tie it from the config.
+    base.save_pretrained(out, state_dict=state, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft (or DDP-like ``.module``) wrapper."""
+    if hasattr(model, "get_base_model"):
+        return model.get_base_model()
+    return getattr(model, "module", model)
+
+
+def _plain_head(base: nn.Module) -> bool:
+    config = getattr(base, "config", None)
+    if config is None or not hasattr(base, "base_model_prefix") or base.get_output_embeddings() is None:
+        return False
+    if not hasattr(base, base.base_model_prefix):
+        return False
+    # Logits that are transformed after the head cannot come from the head alone.
+    return not any(getattr(config, name, None) for name in ("final_logit_softcapping", "logit_scale", "logits_scaling"))
+
+
+def _base_name(name: str) -> str:
+    name = name.removeprefix("base_model.model.")
+    return name.replace(".base_layer.", ".")

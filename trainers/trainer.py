@@ -1,0 +1,391 @@
+"""The training step: trajectories in, one policy update out.
+
+:class:`Trainer` holds the policy (and, when the algorithm needs them, a frozen reference model and
+a value model), the optimizer and the learning-rate schedule. :meth:`Trainer.step` reads top to
+bottom:
+
+1. collate the trajectories into padded tensors;
+2. without gradients: the old log-probs (only when more than one update uses this batch; for a
+   single update they equal the current ones, detached), the reference log-probs (KL) and values
+   (PPO);
+3. advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++ or GAE), from rewards with an optional KL penalty;
+4. for each epoch and mini-batch: micro-batches with gradient accumulation, each loss aggregated
+   with the whole mini-batch's token and sequence counts (so accumulation changes nothing), then
+   gradient clipping, an optimizer step and a scheduler step.
+
+Data parallel: with ``torch.distributed`` initialised, every process steps on its own share of the
+trajectories (whole groups); the counts the losses divide by and the gradients are summed over
+processes before the optimizer step, so N processes make exactly the update one process makes on
+the whole batch. The same code runs under FSDP on GPUs: wrap the model with
+``torch.distributed.fsdp.fully_shard`` before handing it over (the gradient all-reduce here is then
+skipped, FSDP reduce-scatters them itself).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from agentrl.trainers.advantages import estimate_advantages, gae, masked_whiten
+from agentrl.trainers.batch import Batch, collate
+from agentrl.trainers.losses import aggregate, kl_estimate, kl_penalty_rewards, policy_loss, value_loss
+from agentrl.trainers.models import ValueModel, generated_logprobs, inference_state_dict
+from agentrl.types import Trajectory
+
+Algorithm = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo"]
+
+
+@dataclass
+class TrainerConfig:
+    """Settings of the optimizer and the loss. Defaults follow each method's paper; tricks are opt-in."""
+
+    algorithm: Algorithm = "grpo"
+    """Advantage estimator: grpo, dr_grpo (no std scaling, token-sum loss), rloo, reinforce_pp or ppo (critic + GAE)."""
+    lr: float = 1e-6
+    """Learning rate of the policy (AdamW)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate schedule after warm-up, over ``total_steps``."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warm-up from 0."""
+    total_steps: int = 0
+    """Optimizer steps the schedule spans (0: the controller fills it in)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping by global norm (0 = off)."""
+    micro_batch_size: int = 4
+    """Trajectories per forward/backward pass (gradient accumulation over the rest)."""
+    mini_batches: int = 1
+    """Optimizer steps per batch per epoch (the batch is cut into this many mini-batches)."""
+    epochs: int = 1
+    """Passes over each batch (PPO epochs)."""
+    clip_low: float = 0.2
+    """PPO clip range below 1 (ratio >= 1 - clip_low)."""
+    clip_high: float = 0.2
+    """PPO clip range above 1; DAPO's clip-higher uses 0.28."""
+    dual_clip: float | None = None
+    """Dual-clip bound c (> 1) on the loss of negative-advantage tokens (Ye et al. 2020); None = off."""
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    """How per-token losses become one number (Dr. GRPO: seq-mean-token-sum-norm)."""
+    norm_length: int = 0
+    """seq-mean-token-sum-norm divides each sequence's token sum by this (0: the longest sequence)."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """GRPO: divide advantages by the group's std, the batch's, or not at all (Dr. GRPO)."""
+    entropy_coef: float = 0.0
+    """Entropy bonus coefficient (0 = off)."""
+    kl_coef: float = 0.0
+    """KL-to-reference coefficient (0 = no reference model is loaded)."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator (Schulman): k1 = log-ratio, k3 = unbiased and positive."""
+    kl_in_reward: bool = False
+    """Put the KL penalty into the token rewards (PPO/REINFORCE++ style) instead of the loss."""
+    correction: Literal["none", "tis", "decoupled"] = "none"
+    """Off-policy correction with the behaviour log-probs: truncated importance sampling or decoupled PPO."""
+    is_cap: float = 2.0
+    """Truncation of the importance weight for tis / decoupled."""
+    gamma: float = 1.0
+    """Discount over tokens (PPO, REINFORCE++)."""
+    lam: float = 0.95
+    """GAE lambda (PPO)."""
+    value_lr: float = 1e-5
+    """Learning rate of the value model (PPO)."""
+    value_clip: float = 0.2
+    """PPO value clipping range."""
+    lora_rank: int = 0
+    """LoRA rank (0 = full fine-tuning)."""
+    lora_alpha: float = 16.0
+    """LoRA alpha."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% slower)."""
+    seed: int = 0
+    """Seed of torch, numpy and random in the trainer."""
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1 or self.mini_batches < 1 or self.epochs < 1:
+            raise ValueError(
+                f"micro_batch_size, mini_batches and epochs must be at least 1; got {self.micro_batch_size}, "
+                f"{self.mini_batches} and {self.epochs}."
+            )
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            raise ValueError(f"dual_clip must be above 1 (it bounds the loss at c * |A|), got {self.dual_clip}.")
+        if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
+            raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0; got {self.clip_low} and {self.clip_high}.")
+        if self.algorithm == "dr_grpo" and self.loss_aggregation == "token-mean":
+            # Dr. GRPO's point is the length-unbiased loss; its paper pairs the two.
+            self.loss_aggregation = "seq-mean-token-sum-norm"
+
+
+class Trainer:
+    """Steps a policy on batches of trajectories.
+
+    >>> trainer = Trainer(model, TrainerConfig(lr=1e-6), pad_token_id=tokenizer.pad_token_id)  # doctest: +SKIP
+    >>> metrics = trainer.step(trajectories)                                                    # doctest: +SKIP
+    >>> policy.update_weights(trainer.inference_weights())                                      # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        config: TrainerConfig,
+        *,
+        pad_token_id: int,
+        ref_model: nn.Module | None = None,
+        value_model: ValueModel | None = None,
+    ):
+        if config.kl_coef > 0 and ref_model is None:
+            raise ValueError("kl_coef > 0 needs a reference model: pass ref_model (e.g. load_reference_model(path)).")
+        if config.algorithm == "ppo" and value_model is None:
+            raise ValueError("algorithm 'ppo' needs a value model: pass value_model=ValueModel(path).")
+        self.model = model
+        self.config = config
+        self.pad_token_id = pad_token_id
+        self.ref_model = ref_model
+        self.value_model = value_model
+        self.device = next(model.parameters()).device
+        self.step_count = 0
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(config))
+        self.value_optimizer = (
+            torch.optim.AdamW(value_model.parameters(), lr=config.value_lr) if value_model is not None else None
+        )
+
+    # --- the step --------------------------------------------------------------------------------
+
+    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """One update on these trajectories (whole groups); returns ``train/...`` metrics."""
+        started = time.perf_counter()
+        config = self.config
+        batch = collate(trajectories, self.pad_token_id).to(self.device)
+        reuse = config.epochs > 1 or config.mini_batches > 1
+        with torch.no_grad():
+            if reuse:
+                batch.extras["old_logprobs"] = self._logprobs(self.model, batch)
+            if self.ref_model is not None:
+                batch.extras["ref_logprobs"] = self._logprobs(self.ref_model, batch)
+            if self.value_model is not None:
+                batch.extras["values"] = self._values(batch)
+        self._add_advantages(batch)
+
+        totals: dict[str, float] = {}
+        for _ in range(config.epochs):
+            order = torch.randperm(len(batch)) if config.mini_batches > 1 else torch.arange(len(batch))
+            for rows in order.chunk(config.mini_batches):
+                for name, value in self._update(batch.select(rows)).items():
+                    totals[name] = totals.get(name, 0.0) + value
+        updates = config.epochs * config.mini_batches
+        metrics = {name: value / updates for name, value in totals.items()}
+        self.step_count += 1
+        metrics.update(_batch_metrics(batch))
+        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["perf/time_train"] = time.perf_counter() - started
+        metrics["perf/train_tokens_per_s"] = int(batch.attention_mask.sum()) / metrics["perf/time_train"]
+        return metrics
+
+    def _update(self, mini: Batch) -> dict[str, float]:
+        """Accumulate gradients over micro-batches, then one optimizer step."""
+        config = self.config
+        counts = _all_sum(torch.tensor([mini.num_tokens, mini.num_seqs], dtype=torch.float64))
+        num_tokens, num_seqs = max(float(counts[0]), 1.0), max(float(counts[1]), 1.0)
+        norm_length = config.norm_length or mini.input_ids.shape[1]
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.value_optimizer is not None:
+            self.value_optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        for micro in mini.split(config.micro_batch_size):
+            losses = self._losses(micro, num_tokens, num_seqs, norm_length)
+            losses.pop("loss").backward()
+            for name, value in losses.items():
+                sums[name] = sums.get(name, 0.0) + float(value)
+        grad_norm = self._finish_gradients(self.model, self.optimizer)
+        self.optimizer.step()
+        self.scheduler.step()
+        if self.value_model is not None and self.value_optimizer is not None:
+            self._finish_gradients(self.value_model, self.value_optimizer)
+            self.value_optimizer.step()
+        sums["train/grad_norm"] = grad_norm
+        return sums
+
+    def _losses(self, micro: Batch, num_tokens: float, num_seqs: float, norm_length: int) -> dict[str, Any]:
+        """The loss of one micro-batch, already divided by the mini-batch's counts, and its parts."""
+        config = self.config
+        mask = micro.loss_mask
+
+        def total(per_token: torch.Tensor) -> torch.Tensor:
+            return aggregate(
+                per_token, mask, config.loss_aggregation, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length
+            )
+
+        current = generated_logprobs(
+            self.model, micro.input_ids, micro.attention_mask, mask, entropy_grad=config.entropy_coef > 0
+        )
+        old = micro.extras.get("old_logprobs", current.logprobs.detach())
+        per_token, stats = policy_loss(
+            current.logprobs,
+            old,
+            micro.extras["advantages"],
+            mask,
+            clip_low=config.clip_low,
+            clip_high=config.clip_high,
+            dual_clip=config.dual_clip,
+            behaviour_logprobs=micro.behaviour_logprobs,
+            correction=config.correction,
+            is_cap=config.is_cap,
+        )
+        policy = total(per_token)
+        entropy = total(current.entropy)
+        loss = policy - config.entropy_coef * entropy if config.entropy_coef else policy
+        parts: dict[str, Any] = {"train/policy_loss": policy.detach(), "train/entropy": entropy.detach()}
+        if self.ref_model is not None:
+            kl = total(kl_estimate(current.logprobs, micro.extras["ref_logprobs"], config.kl_estimator))
+            if not config.kl_in_reward:
+                loss = loss + config.kl_coef * kl
+            parts["train/kl"] = kl.detach()
+        if self.value_model is not None:
+            values = self.value_model(micro.input_ids, micro.attention_mask)
+            critic = total(value_loss(values, micro.extras["values"], micro.extras["returns"], mask, clip=config.value_clip))
+            loss = loss + critic
+            parts["train/value_loss"] = critic.detach()
+        share = mask.sum() / num_tokens  # weights per-micro-batch stats into mini-batch means
+        parts["train/clip_fraction"] = float(stats.clip_fraction) * float(share)
+        parts["train/approx_kl"] = float(stats.approx_kl) * float(share)
+        parts["train/loss"] = loss.detach()
+        parts["loss"] = loss
+        return parts
+
+    # --- pieces ----------------------------------------------------------------------------------
+
+    def _logprobs(self, model: nn.Module, batch: Batch) -> torch.Tensor:
+        parts = [
+            generated_logprobs(model, micro.input_ids, micro.attention_mask, micro.loss_mask).logprobs
+            for micro in batch.split(self.config.micro_batch_size)
+        ]
+        return torch.cat(parts)
+
+    def _values(self, batch: Batch) -> torch.Tensor:
+        assert self.value_model is not None
+        parts = [self.value_model(m.input_ids, m.attention_mask) for m in batch.split(self.config.micro_batch_size)]
+        return torch.cat(parts) * batch.loss_mask
+
+    def _add_advantages(self, batch: Batch) -> None:
+        config = self.config
+        if config.kl_in_reward and self.ref_model is not None:
+            behaviour = batch.extras.get("old_logprobs", batch.behaviour_logprobs)
+            kl = kl_estimate(behaviour, batch.extras["ref_logprobs"], config.kl_estimator) * batch.loss_mask
+            batch.token_rewards = kl_penalty_rewards(batch.token_rewards, kl, config.kl_coef)
+            batch.rewards = batch.rewards - config.kl_coef * kl.sum(-1)  # what sequence-level estimators read
+        if config.algorithm == "ppo":
+            result = gae(batch.token_rewards, batch.extras["values"], batch.loss_mask, gamma=config.gamma, lam=config.lam)
+            batch.extras["returns"] = result.returns
+            advantages = masked_whiten(result.advantages, batch.loss_mask)
+        else:
+            advantages = estimate_advantages(
+                config.algorithm, batch, gamma=config.gamma, lam=config.lam, scale=config.scale_rewards
+            )
+        batch.extras["advantages"] = advantages * batch.loss_mask
+
+    def _finish_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        """Sum gradients over data-parallel processes, then clip; returns the norm before clipping."""
+        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and not _is_fsdp(model):
+            for param in params:
+                dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
+        if self.config.max_grad_norm > 0:
+            return float(nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
+        return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) if params else 0.0
+
+    # --- weights and state -----------------------------------------------------------------------
+
+    def inference_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's tensors for the inference engine (LoRA merged, tied head included)."""
+        return inference_state_dict(self.model)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything a resumed trainer needs: weights, optimizer, schedule, step, RNG states."""
+        state: dict[str, Any] = {
+            "model": {k: v for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step_count,
+            "rng": rng_state(),
+        }
+        if self.value_model is not None and self.value_optimizer is not None:
+            state["value_model"] = self.value_model.state_dict()
+            state["value_optimizer"] = self.value_optimizer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step_count = int(state["step"])
+        set_rng_state(state["rng"])
+        if self.value_model is not None and "value_model" in state:
+            self.value_model.load_state_dict(state["value_model"])
+            assert self.value_optimizer is not None
+            self.value_optimizer.load_state_dict(state["value_optimizer"])
+
+
+def rng_state() -> dict[str, Any]:
+    """The random states of torch, numpy and Python."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state`."""
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def _schedule(config: TrainerConfig) -> Any:
+    def factor(step: int) -> float:
+        if config.warmup_steps and step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        if config.lr_schedule == "constant" or config.total_steps <= config.warmup_steps:
+            return 1.0
+        progress = min(1.0, (step - config.warmup_steps) / (config.total_steps - config.warmup_steps))
+        if config.lr_schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def _all_sum(tensor: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def _is_fsdp(model: nn.Module) -> bool:
+    return any(type(m).__name__.startswith("FSDP") for m in model.modules())
+
+
+def _batch_metrics(batch: Batch) -> dict[str, float]:
+    mask = batch.loss_mask
+    advantages = batch.extras["advantages"]
+    versions = batch.versions[batch.versions >= 0]
+    return {
+        "train/reward_mean": float(batch.rewards.mean()),
+        "train/advantage_mean": float((advantages * mask).sum() / mask.sum().clamp(min=1)),
+        "train/trajectories": float(len(batch)),
+        "train/generated_tokens": float(mask.sum()),
+        "train/behaviour_version_min": float(versions.min()) if versions.numel() else -1.0,
+    }
