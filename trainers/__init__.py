@@ -11,32 +11,57 @@
 The controller that runs rollouts and training together is :mod:`agentrl.train` (``agentrl train``).
 """
 
-from agentrl.trainers.advantages import ADVANTAGE_ESTIMATORS, estimate_advantages, gae, group_advantages, rloo_advantages
+from agentrl.trainers.advantages import (
+    ADVANTAGE_ESTIMATORS,
+    estimate_advantages,
+    expand_to_tokens,
+    gae,
+    group_advantages,
+    masked_whiten,
+    reinforce_pp_advantages,
+    rloo_advantages,
+)
 from agentrl.trainers.batch import Batch, collate
 from agentrl.trainers.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from agentrl.trainers.losses import aggregate, kl_estimate, policy_loss, value_loss
+from agentrl.trainers.losses import (
+    PolicyLossStats,
+    aggregate,
+    kl_estimate,
+    kl_penalty_rewards,
+    policy_loss,
+    token_entropy,
+    token_logprobs,
+    value_loss,
+)
 from agentrl.trainers.models import ValueModel, generated_logprobs, inference_state_dict, load_policy_model
 from agentrl.trainers.trainer import Trainer, TrainerConfig
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "Batch",
+    "PolicyLossStats",
     "Trainer",
     "TrainerConfig",
     "ValueModel",
     "aggregate",
     "collate",
     "estimate_advantages",
+    "expand_to_tokens",
     "gae",
     "generated_logprobs",
     "group_advantages",
     "inference_state_dict",
     "kl_estimate",
+    "kl_penalty_rewards",
     "list_checkpoints",
     "load_checkpoint",
     "load_policy_model",
+    "masked_whiten",
     "policy_loss",
+    "reinforce_pp_advantages",
     "rloo_advantages",
     "save_checkpoint",
+    "token_entropy",
+    "token_logprobs",
     "value_loss",
 ]

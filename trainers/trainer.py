@@ -79,7 +79,7 @@ class TrainerConfig:
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
     """How per-token losses become one number (Dr. GRPO: seq-mean-token-sum-norm)."""
     norm_length: int = 0
-    """seq-mean-token-sum-norm divides each sequence's token sum by this (0: the longest sequence)."""
+    """seq-mean-token-sum-norm divides each sequence's token sum by this constant (0: the batch's length T; ``agentrl train`` sets max_tokens x max_turns)."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """GRPO: divide advantages by the group's std, the batch's, or not at all (Dr. GRPO)."""
     entropy_coef: float = 0.0

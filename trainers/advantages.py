@@ -1,0 +1,327 @@
+"""Advantage estimators: pure functions of tensors, one per method, and a dict that names them.
+
+Sequence-level estimators (GRPO, Dr. GRPO, RLOO) give one advantage per trajectory from the episode
+returns, spread over its generated tokens with :func:`expand_to_tokens`. Token-level estimators
+(REINFORCE++, GAE) read ``token_rewards`` ``[B, T]``, where each turn's reward sits on the last
+generated token of the turn, and run over generated tokens only: prompt, observation and padding
+positions (``mask`` 0) are skipped, as if the generated tokens of all turns stood side by side.
+Every ``[B, T]`` result is 0 where ``mask`` is 0.
+
+:func:`estimate_advantages` is the one call a trainer makes: it picks an estimator of
+:data:`ADVANTAGE_ESTIMATORS` by name and returns ``[B, T]`` advantages for a :class:`Batch`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Literal, NamedTuple, Protocol
+
+import torch
+
+from agentrl.trainers.batch import Batch
+
+Scale = Literal["group", "batch", "none"]
+SCALES: tuple[str, ...] = ("group", "batch", "none")
+
+
+def _group_stats(rewards: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per trajectory: its group's size, reward sum and (unbiased) reward std; std 0 for size 1."""
+    if rewards.ndim != 1 or group_index.shape != rewards.shape:
+        raise ValueError(
+            f"rewards and group_index must both be [N], got shapes {tuple(rewards.shape)} and "
+            f"{tuple(group_index.shape)}."
+        )
+    rewards = rewards.to(torch.float32)
+    num_groups = int(group_index.max().item()) + 1 if group_index.numel() else 0
+    counts = torch.bincount(group_index, minlength=num_groups).to(rewards.dtype)
+    sums = torch.zeros(num_groups, dtype=rewards.dtype, device=rewards.device).index_add_(0, group_index, rewards)
+    means = sums / counts.clamp(min=1)
+    squares = torch.zeros_like(sums).index_add_(0, group_index, (rewards - means[group_index]) ** 2)
+    # Bessel's correction, as torch.std (and TRL's GRPOTrainer) use; a lone sample has no spread.
+    stds = torch.where(counts > 1, (squares / (counts - 1).clamp(min=1)).sqrt(), torch.zeros_like(squares))
+    return counts[group_index], sums[group_index], stds[group_index]
+
+
+def group_advantages(
+    rewards: torch.Tensor,
+    group_index: torch.Tensor,
+    *,
+    scale: Scale = "group",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO's advantage (Shao et al. 2024): each reward minus its group's mean, then scaled.
+
+    ``scale="group"`` divides by the group's standard deviation plus ``eps`` (the unbiased
+    ``torch.std``, as TRL's ``GRPOTrainer``; TRL adds 1e-4 where this adds ``eps``), ``"batch"`` by
+    the unbiased std of all ``N`` rewards (Hu et al., REINFORCE++-baseline; TRL's
+    ``scale_rewards="batch"``), and ``"none"`` leaves the difference unscaled (Dr. GRPO, Liu et al.
+    2025, who show the std scaling biases training towards too easy and too hard prompts). A group
+    of one trajectory gets advantage 0: it has no baseline but itself.
+
+    >>> group_advantages(torch.tensor([1.0, 0.0, 3.0, 3.0]), torch.tensor([0, 0, 1, 1]), scale="none")
+    tensor([ 0.5000, -0.5000,  0.0000,  0.0000])
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}.")
+    counts, sums, group_stds = _group_stats(rewards, group_index)
+    advantages = rewards.to(torch.float32) - sums / counts
+    if scale == "group":
+        return advantages / (group_stds + eps)
+    if scale == "batch":
+        batch_std = rewards.to(torch.float32).std() if rewards.numel() > 1 else rewards.new_zeros(())
+        return advantages / (batch_std + eps)
+    return advantages
+
+
+def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """RLOO's advantage (Kool et al. 2019; Ahmadian et al. 2024): each reward minus the mean of the
+    *other* rewards of its group, ``r_i - (sum_j r_j - r_i) / (n - 1)``.
+
+    A group of one trajectory has no other sample to form a baseline, so its advantage is 0 (it
+    contributes no gradient) rather than its raw reward: sample at least two per prompt.
+
+    >>> rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 5.0]), torch.tensor([0, 0, 0, 1]))
+    tensor([ 1.0000, -0.5000, -0.5000,  0.0000])
+    """
+    counts, sums, _ = _group_stats(rewards, group_index)
+    rewards = rewards.to(torch.float32)
+    baseline = (sums - rewards) / (counts - 1).clamp(min=1)
+    return torch.where(counts > 1, rewards - baseline, torch.zeros_like(rewards))
+
+
+def expand_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Give each generated token its trajectory's advantage: ``[B]`` to ``[B, T]``, 0 where
+    ``mask`` is 0."""
+    if advantages.ndim != 1 or mask.ndim != 2 or advantages.shape[0] != mask.shape[0]:
+        raise ValueError(
+            f"expand_to_tokens takes advantages [B] and mask [B, T], got {tuple(advantages.shape)} "
+            f"and {tuple(mask.shape)}."
+        )
+    return advantages.to(torch.float32)[:, None] * (mask > 0)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:
+    """Shift and scale ``values`` to mean 0 and variance 1 over the positions where ``mask`` is 1
+    (the population variance of those positions, as OpenRLHF); 0 elsewhere."""
+    keep = mask > 0
+    count = keep.sum().clamp(min=1)
+    mean = torch.where(keep, values, 0.0).sum() / count
+    var = torch.where(keep, (values - mean) ** 2, 0.0).sum() / count
+    return torch.where(keep, (values - mean) * torch.rsqrt(var + eps), 0.0)
+
+
+def _pack(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The generated positions of each row moved to its front, in order: a permutation ``order``
+    of each row, the packed mask, and the longest row's count of generated tokens."""
+    keep = mask > 0
+    # A stable sort on "not generated" keeps the generated positions first and in sequence order.
+    order = torch.argsort((~keep).to(torch.int8), dim=-1, stable=True)
+    packed_keep = keep.gather(-1, order)
+    return order, packed_keep, int(keep.sum(-1).max().item()) if keep.numel() else 0
+
+
+def _unpack(packed: torch.Tensor, order: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(packed).scatter_(-1, order, packed) * (mask > 0)
+
+
+def _check_tokens(name: str, tensor: torch.Tensor, mask: torch.Tensor) -> None:
+    if tensor.ndim != 2 or tensor.shape != mask.shape:
+        raise ValueError(
+            f"{name} must be [B, T] like mask {tuple(mask.shape)}, got {tuple(tensor.shape)}."
+        )
+
+
+def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0) -> torch.Tensor:
+    """Rewards to go over generated tokens: ``G_t = r_t + gamma * G_next``, where ``next`` is the
+    next generated token (observation tokens are skipped and do not count as steps). Rewards on
+    positions where ``mask`` is 0 are ignored; the result is 0 there.
+
+    >>> discounted_returns(torch.tensor([[0.0, 1.0, 0.0, 2.0]]), torch.tensor([[1, 1, 0, 1]]), gamma=0.5)
+    tensor([[1., 2., 0., 2.]])
+    """
+    _check_tokens("token_rewards", token_rewards, mask)
+    order, packed_keep, length = _pack(mask)
+    rewards = torch.where(packed_keep, token_rewards.to(torch.float32).gather(-1, order), 0.0)
+    returns = torch.zeros_like(rewards)
+    running = rewards.new_zeros(rewards.shape[0])
+    # Past a row's last generated token the packed rewards are 0, so ``running`` stays 0 there.
+    for t in range(length - 1, -1, -1):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return _unpack(returns, order, mask)
+
+
+def reinforce_pp_advantages(
+    token_rewards: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0, eps: float = 1e-8
+) -> torch.Tensor:
+    """REINFORCE++ (Hu 2025): the rewards to go of each generated token (:func:`discounted_returns`),
+    whitened over all generated tokens of the batch (a global baseline and scale, no critic).
+
+    The paper puts the per-token KL penalty into the rewards: pass
+    ``kl_penalty_rewards(token_rewards, kl, coef)`` (:mod:`agentrl.trainers.losses`) to follow it.
+    """
+    return masked_whiten(discounted_returns(token_rewards, mask, gamma=gamma), mask, eps=eps)
+
+
+class GAE(NamedTuple):
+    """What :func:`gae` returns: ``[B, T]`` advantages and returns (the critic's targets)."""
+
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+def gae(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> GAE:
+    """Generalised advantage estimation (Schulman et al. 2016) over generated tokens.
+
+    ``values[:, t]`` is the critic's value of the state in which token ``t`` was generated (the
+    tokens before it). The recursion runs over generated tokens only: the successor of a turn's
+    last generated token is the first generated token of the next turn, and after the last
+    generated token the value is 0. ``delta_t = r_t + gamma * V_next - V_t``,
+    ``A_t = delta_t + gamma * lam * A_next``, ``returns = A + V``; all 0 where ``mask`` is 0.
+    ``gamma=1, lam=0.95`` are the RLHF defaults (Ouyang et al. 2022; OpenRLHF); the advantages are
+    not whitened here (:func:`estimate_advantages` does it for ``"gae"``).
+
+    >>> gae(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 0.0, 0.5]]), torch.tensor([[1, 0, 1]]),
+    ...     gamma=1.0, lam=1.0).advantages
+    tensor([[0.5000, 0.0000, 0.5000]])
+    """
+    _check_tokens("token_rewards", token_rewards, mask)
+    _check_tokens("values", values, mask)
+    order, packed_keep, length = _pack(mask)
+    rewards = torch.where(packed_keep, token_rewards.to(torch.float32).gather(-1, order), 0.0)
+    packed_values = torch.where(packed_keep, values.detach().to(torch.float32).gather(-1, order), 0.0)
+    # Past a row's last generated token the packed values are 0: exactly the terminal value 0.
+    next_values = torch.cat([packed_values[:, 1:], torch.zeros_like(packed_values[:, :1])], dim=-1)
+    deltas = rewards + gamma * next_values - packed_values
+    advantages = torch.zeros_like(deltas)
+    running = deltas.new_zeros(deltas.shape[0])
+    for t in range(length - 1, -1, -1):
+        running = deltas[:, t] + gamma * lam * running
+        advantages[:, t] = running
+    advantages = _unpack(advantages, order, mask)
+    returns = advantages + torch.where(mask > 0, values.detach().to(torch.float32), 0.0)
+    return GAE(advantages, returns)
+
+
+class AdvantageEstimator(Protocol):
+    """The common call shape of :data:`ADVANTAGE_ESTIMATORS`: a batch (and, for GAE, values) in,
+    ``[B, T]`` advantages out (0 where ``batch.loss_mask`` is 0)."""
+
+    def __call__(
+        self,
+        batch: Batch,
+        values: torch.Tensor | None,
+        *,
+        token_rewards: torch.Tensor,
+        gamma: float,
+        lam: float,
+        scale: Scale | None,
+        whiten: bool,
+    ) -> torch.Tensor: ...
+
+
+def _grpo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, **_: object) -> torch.Tensor:
+    advantages = group_advantages(batch.rewards, batch.group_index, scale=scale or "group")
+    return expand_to_tokens(advantages, batch.loss_mask)
+
+
+def _dr_grpo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, **_: object) -> torch.Tensor:
+    if scale not in (None, "none"):
+        raise ValueError(
+            f"dr_grpo is GRPO without std scaling; got scale={scale!r}. Use 'grpo' with scale={scale!r} "
+            "to scale, or leave scale unset."
+        )
+    return _grpo(batch, values, scale="none")
+
+
+def _rloo(batch: Batch, values: torch.Tensor | None, **_: object) -> torch.Tensor:
+    return expand_to_tokens(rloo_advantages(batch.rewards, batch.group_index), batch.loss_mask)
+
+
+def _reinforce_pp(
+    batch: Batch, values: torch.Tensor | None, *, token_rewards: torch.Tensor, gamma: float, **_: object
+) -> torch.Tensor:
+    return reinforce_pp_advantages(token_rewards, batch.loss_mask, gamma=gamma)
+
+
+def _gae(
+    batch: Batch,
+    values: torch.Tensor | None,
+    *,
+    token_rewards: torch.Tensor,
+    gamma: float,
+    lam: float,
+    whiten: bool,
+    **_: object,
+) -> torch.Tensor:
+    if values is None:
+        raise ValueError("The 'gae' estimator needs the critic's values [B, T]; pass values=... (PPO with a critic).")
+    advantages = gae(token_rewards, values, batch.loss_mask, gamma=gamma, lam=lam).advantages
+    # PPO implementations (baselines, cleanrl, OpenRLHF, verl) normalise GAE advantages by default.
+    return masked_whiten(advantages, batch.loss_mask) if whiten else advantages
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "grpo": _grpo,
+    "dr_grpo": _dr_grpo,
+    "rloo": _rloo,
+    "reinforce_pp": _reinforce_pp,
+    "gae": _gae,
+}
+"""The advantage estimators by name, each with the :class:`AdvantageEstimator` call shape."""
+
+
+def estimate_advantages(
+    name: str,
+    batch: Batch,
+    values: torch.Tensor | None = None,
+    *,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    scale: Scale | None = None,
+    token_rewards: torch.Tensor | None = None,
+    whiten: bool = True,
+) -> torch.Tensor:
+    """``[B, T]`` advantages of ``batch`` by the estimator called ``name`` (0 off generated tokens).
+
+    Args:
+        name: a key of :data:`ADVANTAGE_ESTIMATORS`: ``grpo``, ``dr_grpo``, ``rloo``,
+            ``reinforce_pp`` or ``gae``.
+        batch: the whole batch (group baselines need every member of a group: estimate before
+            splitting into micro-batches).
+        values: the critic's ``[B, T]`` values, aligned with the tokens; only ``gae`` reads them
+            (and needs them). The critic's targets come from :func:`gae` itself.
+        gamma: discount per generated token (``reinforce_pp``, ``gae``).
+        lam: GAE's lambda.
+        scale: ``grpo``'s scaling (``group`` when unset); ``dr_grpo`` allows only ``none``; the
+            other estimators ignore it.
+        token_rewards: replaces ``batch.token_rewards`` for the token-level estimators, e.g. with
+            a KL penalty added (:func:`agentrl.trainers.losses.kl_penalty_rewards`).
+        whiten: whiten ``gae``'s advantages over the batch's generated tokens (PPO's usual
+            normalisation; REINFORCE++ always whitens, the group estimators never do).
+
+    Raises:
+        ValueError: for an unknown name (with the closest known one), or ``gae`` without values.
+    """
+    if name not in ADVANTAGE_ESTIMATORS:
+        close = difflib.get_close_matches(name, ADVANTAGE_ESTIMATORS, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(
+            f"Unknown advantage estimator {name!r}; expected one of {sorted(ADVANTAGE_ESTIMATORS)}.{hint}"
+        )
+    return ADVANTAGE_ESTIMATORS[name](
+        batch,
+        values,
+        token_rewards=batch.token_rewards if token_rewards is None else token_rewards,
+        gamma=gamma,
+        lam=lam,
+        scale=scale,
+        whiten=whiten,
+    )
