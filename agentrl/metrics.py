@@ -1,0 +1,409 @@
+"""Training metrics: one fixed table of names, and a logger that writes them to JSONL, TensorBoard
+and wandb (offline).
+
+::
+
+    with MetricsLogger("runs/calc", tensorboard=True) as logger:
+        logger.log(step, {"rollout/reward_mean": 0.4, "train/kl": 0.01})
+    read_metrics("runs/calc")   # [{"step": ..., "time": ..., "rollout/reward_mean": 0.4, ...}, ...]
+
+``RUN_DIR/metrics.jsonl`` is always written and is the run's record: one JSON object per
+:meth:`MetricsLogger.log` call, ``{"step": int, "time": unix seconds, name: value, ...}``, flushed
+line by line, so killing the process loses at most the line being written. TensorBoard events go to
+``RUN_DIR/tensorboard`` and wandb's offline run to ``RUN_DIR/wandb`` (``wandb sync`` uploads it
+later; nothing here touches the network).
+
+Names: every name in :data:`METRICS` has a fixed meaning (``docs/metrics.md`` is generated from that
+table). Free-form names are welcome under ``env/<env id>/...`` and ``sandbox/...``; any other name
+is logged anyway but warned about once, since it is most likely a typo.
+
+Resuming: a logger opened on a run directory that already has a ``metrics.jsonl`` appends to it. A
+run resumed from an earlier checkpoint logs steps again; :func:`read_metrics` then keeps what the
+resumed run logged (see there), and TensorBoard is told to drop the abandoned steps the same way.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import operator
+import re
+import threading
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+METRICS_FILE = "metrics.jsonl"
+"""The file name of the JSONL record inside a run directory."""
+TENSORBOARD_DIR = "tensorboard"
+"""The sub-directory of a run directory that holds TensorBoard event files."""
+
+METRICS: Mapping[str, str] = {
+    # Rollouts: the episodes that made this step's batch.
+    "rollout/episodes": "episodes played (failed ones included)",
+    "rollout/failed": "episodes that ended with an error (env raised or hung, engine failed); never trained on",
+    "rollout/truncated": "episodes cut by the turn limit, the context length or the env",
+    "rollout/success_rate": 'share of non-failed episodes whose final `info["success"]` was true',
+    "rollout/reward_mean": "mean episode return over non-failed episodes",
+    "rollout/turns_mean": "mean policy turns per episode",
+    "rollout/response_tokens_mean": "mean generated tokens per episode, all turns (observation tokens not counted)",
+    # The optimizer step.
+    "train/loss": "the total loss the optimizer stepped on (policy, value, KL and entropy terms as weighted)",
+    "train/policy_loss": "the policy-gradient (clipped surrogate) part of the loss",
+    "train/value_loss": "the critic's loss (PPO with a value head only)",
+    "train/kl": "mean per-token KL estimate of the policy from the reference policy, on generated tokens",
+    "train/entropy": "mean per-token entropy of the policy on generated tokens",
+    "train/clip_fraction": "share of generated tokens whose probability ratio was clipped",
+    "train/approx_kl": "k3 estimate of KL(behaviour policy || updated policy) on generated tokens: how far the update moved",
+    "train/grad_norm": "global gradient norm before clipping",
+    "train/lr": "learning rate used by this step",
+    "train/advantage_mean": "mean advantage over generated tokens (near 0 for group-normalised estimators)",
+    "train/reward_mean": "mean episode reward of the trajectories this step trained on",
+    "train/trajectories": "trajectories this step trained on",
+    "train/generated_tokens": "generated (loss-masked) tokens this step trained on",
+    "train/behaviour_version_min": "oldest policy version that sampled a trained token (-1 when unknown)",
+    "train/staleness_mean": "mean policy-version lag of the trained tokens (trainer version minus the version that sampled them)",
+    "train/staleness_max": "largest policy-version lag of any trained token",
+    "train/policy_version": "the policy version after this step's update",
+    "train/stale_groups": "groups the staleness bound has dropped since the run started",
+    # Throughput and where the time went.
+    "perf/tokens_per_s": "generated tokens per second of the whole step (rollout, training and weight sync)",
+    "perf/rollout_tokens_per_s": "generated tokens per second of rollout wall time",
+    "perf/train_tokens_per_s": "tokens (prompt and response) the trainer processed per second of training time",
+    "perf/time_rollout": "seconds spent collecting this step's rollouts",
+    "perf/time_train": "seconds spent in forward, backward and optimizer step",
+    "perf/time_sync": "seconds spent publishing the new weights to the inference engine",
+    "perf/time_step": "wall seconds of the whole step (less than the sum of the phases when they overlap)",
+    # Evaluation on the held-out split (before training, every few steps, after training).
+    "eval/success_rate": 'share of held-out episodes whose final `info["success"]` was true',
+    "eval/reward_mean": "mean episode return on the held-out split",
+    "eval/episodes": "held-out episodes played",
+    "eval/failed": "held-out episodes that ended with an error",
+}
+"""Every fixed metric name with its one-line meaning."""
+
+FREE_FORM_PREFIXES: Mapping[str, str] = {
+    "env/<env id>/...": "anything an env reports about itself, e.g. `env/agentrl/Calculator-v0/success_rate`",
+    "sandbox/...": "anything the sandbox layer reports, e.g. `sandbox/exec_seconds_mean`",
+}
+"""Name families with no fixed members, and what goes in them."""
+
+_FREE_FORM = re.compile(r"^(env/\S+/[^/\s]+|sandbox/\S+)$")
+_RESERVED = ("step", "time")
+
+
+class MetricsWarning(UserWarning):
+    """An unknown metric name or a non-finite value (filter this category to silence them)."""
+
+
+def is_known_metric(name: str) -> bool:
+    """Whether ``name`` is in :data:`METRICS` or in one of the free-form families.
+
+    >>> is_known_metric("train/kl"), is_known_metric("env/agentrl/Calculator-v0/solved")
+    (True, True)
+    >>> is_known_metric("train/kll")
+    False
+    """
+    return name in METRICS or _FREE_FORM.match(name) is not None
+
+
+def metrics_table() -> str:
+    """The Markdown table of :data:`METRICS` and :data:`FREE_FORM_PREFIXES` in ``docs/metrics.md``."""
+    rows = ["| name | meaning |", "|---|---|"]
+    rows += [f"| `{name}` | {meaning} |" for name, meaning in METRICS.items()]
+    rows += [f"| `{family}` | {meaning} (free-form) |" for family, meaning in FREE_FORM_PREFIXES.items()]
+    return "\n".join(rows)
+
+
+class MetricsLogger:
+    """Writes metrics of a run to ``RUN_DIR/metrics.jsonl`` and, if asked, TensorBoard and wandb.
+
+    Args:
+        run_dir: The run directory (created if missing). An existing ``metrics.jsonl`` is appended
+            to, for a resumed run.
+        tensorboard: Also write TensorBoard event files to ``RUN_DIR/tensorboard`` (needs torch).
+        wandb: Also log to a wandb run in offline mode under ``RUN_DIR/wandb``; upload it later
+            with ``wandb sync``.
+        wandb_project: The wandb project the offline run belongs to.
+        config: The run's settings, recorded as the wandb config and as TensorBoard text.
+
+    >>> with MetricsLogger(run_dir) as logger:  # doctest: +SKIP
+    ...     logger.log(1, {"rollout/reward_mean": 0.25, "train/loss": 1.7})
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        tensorboard: bool = False,
+        wandb: bool = False,
+        wandb_project: str = "agentrl",
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.run_dir / METRICS_FILE
+        """The JSONL file this logger appends to."""
+        self.resumed = _repair_torn_tail(self.path)
+        """Whether the run directory already held logged metrics (a resumed run)."""
+        self._config = config
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+        self._closed = False
+        self._tensorboard_wanted = tensorboard
+        self._tensorboard: Any = None  # made at the first log(), when the resume step is known
+        if tensorboard:
+            _import_summary_writer()  # fail now, not at the first log()
+        self._wandb_run: Any = _start_wandb(self.run_dir, wandb_project, config) if wandb else None
+        # Opened last, so a sink that fails to start leaves no open file behind. log() flushes
+        # after every line: a killed process loses at most the line it was writing.
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record ``metrics`` at training step ``step``: one JSONL line, and one point per name in
+        TensorBoard and wandb.
+
+        Values may be Python numbers, numpy scalars or 0-d tensors. A NaN or infinity is written as
+        ``null`` (and left out of TensorBoard and wandb), with a warning the first time per name.
+        Several calls with the same step are merged by :func:`read_metrics`.
+        """
+        step = _check_step(step)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"MetricsLogger for {self.run_dir} is closed; make a new one to log more.")
+            values: dict[str, float | int | None] = {}
+            for name, value in metrics.items():  # a loop, not a comprehension: warnings' stacklevel
+                values[name] = self._value(step, name, value)
+            entry = {"step": step, "time": time.time(), **values}
+            self._file.write(json.dumps(entry, allow_nan=False) + "\n")
+            self._file.flush()
+            finite = {name: value for name, value in values.items() if value is not None}
+            if self._tensorboard_wanted:
+                self._write_tensorboard(step, finite)
+            if self._wandb_run is not None and finite:
+                self._wandb_run.log(finite, step=step)
+
+    def close(self) -> None:
+        """Flush and close every sink; closing twice is harmless."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._file.close()
+            if self._tensorboard is not None:
+                self._tensorboard.close()
+            if self._wandb_run is not None:
+                _finish_wandb(self._wandb_run)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _value(self, step: int, name: str, value: Any) -> float | int | None:
+        if not isinstance(name, str) or name in _RESERVED:
+            raise ValueError(
+                f"Metric names must be strings other than {_RESERVED} (those keys hold the step "
+                f"and the wall time), got {name!r}."
+            )
+        if not is_known_metric(name):
+            self._warn_once(name, _unknown_name_message(name))
+        number = _as_number(name, value)
+        if isinstance(number, float) and not math.isfinite(number):
+            self._warn_once(
+                f"nonfinite:{name}",
+                f"Metric {name!r} is {number} at step {step}; written as null in {self.path.name} and "
+                f"left out of TensorBoard and wandb (later non-finite values of it are not warned about).",
+            )
+            return None
+        return number
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, MetricsWarning, stacklevel=4)
+
+    def _write_tensorboard(self, step: int, values: Mapping[str, float | int]) -> None:
+        if self._tensorboard is None:
+            summary_writer = _import_summary_writer()
+            # A resumed run restarts from its checkpoint's step: purge_step makes TensorBoard drop
+            # what the earlier run logged from that step on, as read_metrics does.
+            self._tensorboard = summary_writer(
+                str(self.run_dir / TENSORBOARD_DIR), purge_step=step if self.resumed else None
+            )
+            if self._config is not None:
+                text = json.dumps(self._config, indent=2, sort_keys=True, default=str)
+                self._tensorboard.add_text("config", f"```\n{text}\n```", global_step=step)
+        for name, value in values.items():
+            self._tensorboard.add_scalar(name, value, global_step=step)
+        self._tensorboard.flush()
+
+
+def read_metrics(run_dir: str | Path, *, raw: bool = False) -> list[dict[str, Any]]:
+    """The entries of a run's ``metrics.jsonl``, one dict per step in step order.
+
+    Entries with the same step are merged (a later value of a name wins), so a step's training and
+    evaluation metrics may be logged separately. A step lower than the one logged before it marks a
+    resumed run: what the earlier run logged from that step on is dropped, so every step shows the
+    values of the run that the final checkpoints descend from. A torn last line (the writer was
+    killed mid-line) is skipped. ``null`` values read as ``None``.
+
+    Args:
+        run_dir: The run directory, or the path of the JSONL file itself.
+        raw: Return every line as written, in file order, without merging.
+
+    Raises:
+        FileNotFoundError: There is no metrics file.
+        ValueError: A line other than a torn last one is not a metrics entry.
+    """
+    path = Path(run_dir)
+    if not path.is_file():
+        path = path / METRICS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"No metrics at {path}: expected the {METRICS_FILE} that agentrl.metrics.MetricsLogger "
+            f"writes into a run directory. Check the run directory's path."
+        )
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    entries: list[dict[str, Any]] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            if not isinstance(entry, dict) or not isinstance(entry.get("step"), int):
+                raise ValueError(f'expected an object with an integer "step", got {line[:80]!r}')
+        except ValueError as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            if number == len(lines):  # no newline after it: the writer died mid-line
+                break
+            raise ValueError(
+                f"{path}, line {number}: not a metrics entry ({e}). MetricsLogger writes whole lines, "
+                f"so the file was edited or damaged; fix or delete that line."
+            ) from None
+        entries.append(entry)
+    return entries if raw else _merge_steps(entries)
+
+
+def _merge_steps(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    merged: dict[int, dict[str, Any]] = {}
+    previous: int | None = None
+    for entry in entries:
+        step = entry["step"]
+        if previous is not None and step < previous:  # a resumed run replaces the steps it redoes
+            for stale in [s for s in merged if s >= step]:
+                del merged[stale]
+        merged.setdefault(step, {}).update(entry)
+        previous = step
+    return [merged[step] for step in sorted(merged)]
+
+
+def _repair_torn_tail(path: Path) -> bool:
+    """Cut a torn last line left by a killed writer, so appended lines start on a line of their
+    own; return whether any whole entries remain (the run is being resumed)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    with path.open("r+b") as f:
+        data = f.read()
+        if not data.endswith(b"\n"):
+            keep = data.rfind(b"\n") + 1
+            f.truncate(keep)
+            warnings.warn(
+                f"{path} ended with a torn line ({len(data) - keep} bytes, from a run that was "
+                f"killed mid-write); removed it before appending.",
+                MetricsWarning,
+                stacklevel=3,
+            )
+            data = data[:keep]
+    return bool(data.strip())
+
+
+def _check_step(step: Any) -> int:
+    try:
+        step = operator.index(step)
+    except TypeError:
+        raise TypeError(f"step must be an integer (the training step), got {step!r}.") from None
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}.")
+    return step
+
+
+def _as_number(name: str, value: Any) -> float | int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    try:
+        return float(value)  # numpy scalars and 0-d tensors too
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"Metric {name!r} must be a number (int, float, numpy scalar or 0-d tensor), got "
+            f"{type(value).__name__} {value!r:.80}."
+        ) from None
+
+
+def _unknown_name_message(name: str) -> str:
+    close = difflib.get_close_matches(name, list(METRICS), n=1, cutoff=0.8)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return (
+        f"Unknown metric name {name!r} (logged anyway).{hint} The fixed names are in "
+        f"agentrl.metrics.METRICS; free-form names go under env/<env id>/... or sandbox/...."
+    )
+
+
+def _import_summary_writer() -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:
+        raise ImportError(
+            f"MetricsLogger(tensorboard=True) writes through torch.utils.tensorboard, which failed to "
+            f"import ({e}). Install torch and tensorboard, or pass tensorboard=False."
+        ) from e
+    return SummaryWriter
+
+
+def _start_wandb(run_dir: Path, project: str, config: dict[str, Any] | None) -> Any:
+    try:
+        import wandb
+    except ImportError as e:
+        raise ImportError(
+            f"MetricsLogger(wandb=True) needs the wandb package ({e}). Install it with "
+            f"`pip install wandb`, or pass wandb=False; metrics.jsonl is written either way."
+        ) from e
+    settings = wandb.Settings(
+        mode="offline",  # never the network: `wandb sync RUN_DIR/wandb/offline-run-*` uploads later
+        console="off",  # leave stdout and stderr alone (progress bars, the CLI's own output)
+        silent=True,
+        x_disable_stats=True,  # no system-metrics sampler process
+        x_disable_machine_info=True,
+        x_save_requirements=False,
+    )
+    # Each logger session is its own offline run, named after the run directory: a resumed run
+    # shows up as a second wandb run, and metrics.jsonl stays the record that merges them.
+    return wandb.init(
+        mode="offline",
+        reinit="create_new",  # never log into, or finish, a wandb run the user has open
+        project=project,
+        dir=str(run_dir),
+        name=run_dir.resolve().name,
+        config=config,
+        settings=settings,
+    )
+
+
+def _finish_wandb(run: Any) -> None:
+    import wandb
+
+    run.finish()
+    # finish() can return before wandb's service process has written the run's records to disk
+    # (seen with wandb 0.31: a second run in one process left a header-only .wandb file). Stopping
+    # the service flushes them; skipped when the user has a wandb run of their own still open.
+    if wandb.run is None:
+        wandb.teardown()

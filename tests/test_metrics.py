@@ -1,0 +1,322 @@
+"""agentrl.metrics: the name table, the JSONL record (flushing, torn lines, resumes, non-finite
+values), TensorBoard events read back with TensorBoard's own reader, and a real offline wandb run
+read back from its record file."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from agentrl.metrics import (
+    FREE_FORM_PREFIXES,
+    METRICS,
+    MetricsLogger,
+    MetricsWarning,
+    is_known_metric,
+    metrics_table,
+    read_metrics,
+)
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
+
+REQUIRED = """
+rollout/reward_mean rollout/success_rate rollout/episodes rollout/failed rollout/truncated
+rollout/turns_mean rollout/response_tokens_mean train/loss train/policy_loss train/value_loss train/kl
+train/entropy train/clip_fraction train/grad_norm train/lr train/advantage_mean train/staleness_mean
+train/staleness_max train/policy_version perf/tokens_per_s perf/train_tokens_per_s perf/time_rollout
+perf/time_train perf/time_sync perf/time_step eval/success_rate eval/reward_mean eval/episodes
+""".split()
+
+
+def lines_of(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# --- the name table ---------------------------------------------------------------------------
+
+
+def test_table_has_the_required_names_each_with_a_one_line_meaning():
+    assert set(REQUIRED) <= set(METRICS)
+    for name, meaning in METRICS.items():
+        assert re.fullmatch(r"(rollout|train|perf|eval)/[a-z0-9_]+", name), name
+        assert meaning.strip() and "\n" not in meaning, name
+
+
+def test_docs_page_shows_the_generated_table():
+    text = DOCS.read_text()
+    block = text.split("<!-- begin metrics table -->\n")[1].split("\n<!-- end metrics table -->")[0]
+    assert block == metrics_table(), "docs/metrics.md is stale: paste metrics_table() between the markers"
+    for name in METRICS:
+        assert f"| `{name}` |" in block
+    for family in FREE_FORM_PREFIXES:
+        assert f"| `{family}` |" in block
+
+
+def test_known_names():
+    assert is_known_metric("train/kl")
+    assert is_known_metric("env/agentrl/Calculator-v0/solved")
+    assert is_known_metric("env/my_env/latency_s")
+    assert is_known_metric("sandbox/exec_seconds_mean")
+    for typo in ("train/kll", "rollout/reward", "env/agentrl", "env//x", "kl", "Train/kl"):
+        assert not is_known_metric(typo), typo
+
+
+# --- the JSONL record -------------------------------------------------------------------------
+
+
+def test_jsonl_one_flushed_line_per_call(tmp_path):
+    torch = pytest.importorskip("torch")
+    before = time.time()
+    logger = MetricsLogger(tmp_path / "run")
+    logger.log(1, {"rollout/reward_mean": 0.25, "rollout/episodes": 8, "train/kl": np.float32(0.5)})
+    # Readable before close: every line is flushed as it is written.
+    assert lines_of(tmp_path / "run")[0]["rollout/episodes"] == 8
+    logger.log(np.int64(2), {"train/loss": torch.tensor(1.5), "train/lr": 1e-6, "rollout/failed": True})
+    logger.close()
+    logger.close()  # harmless
+    first, second = lines_of(tmp_path / "run")
+    assert set(first) == {"step", "time", "rollout/reward_mean", "rollout/episodes", "train/kl"}
+    assert first["step"] == 1 and before <= first["time"] <= second["time"] <= time.time()
+    assert first["rollout/reward_mean"] == 0.25 and first["train/kl"] == 0.5
+    assert isinstance(first["rollout/episodes"], int)
+    assert second == {"step": 2, "time": second["time"], "train/loss": 1.5, "train/lr": 1e-6, "rollout/failed": 1}
+    assert read_metrics(tmp_path / "run") == [first, second]
+    assert read_metrics(tmp_path / "run" / "metrics.jsonl") == [first, second]
+
+
+def test_kill_9_keeps_every_logged_line(tmp_path):
+    script = f"""
+import os, signal
+from agentrl.metrics import MetricsLogger
+logger = MetricsLogger({str(tmp_path)!r})
+for step in range(5):
+    logger.log(step, {{"train/loss": step / 2}})
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+    assert result.returncode == -9, result.stderr.decode()
+    assert [e["train/loss"] for e in read_metrics(tmp_path)] == [0.0, 0.5, 1.0, 1.5, 2.0]
+
+
+def test_torn_last_line_is_skipped_then_removed_before_appending(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0, "time": 1.0, "train/loss": 2.0}\n{"step": 1, "time": 2.0, "train/lo')
+    assert read_metrics(tmp_path) == [{"step": 0, "time": 1.0, "train/loss": 2.0}]
+    assert len(read_metrics(tmp_path, raw=True)) == 1
+    with pytest.warns(MetricsWarning, match=r"torn line \(34 bytes"):
+        logger = MetricsLogger(tmp_path)
+    assert logger.resumed
+    with logger:
+        logger.log(1, {"train/loss": 1.0})
+    assert [e["train/loss"] for e in read_metrics(tmp_path)] == [2.0, 1.0]
+    assert path.read_text().count("\n") == 2  # every line whole again
+
+
+def test_damaged_line_before_the_last_is_an_error(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "time": 1.0}\nnot json\n{"step": 1, "time": 2.0}\n')
+    with pytest.raises(ValueError, match=r"line 2: not a metrics entry"):
+        read_metrics(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"time": 1.0}\n')
+    with pytest.raises(ValueError, match=r'line 1: .*integer "step"'):
+        read_metrics(tmp_path)
+
+
+def test_missing_file_says_where_it_looked(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"No metrics at .*metrics\.jsonl"):
+        read_metrics(tmp_path)
+
+
+def test_same_step_merges_and_a_resume_replaces_the_redone_steps(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(0, {"eval/success_rate": 0.1})
+        for step in range(1, 10):
+            logger.log(step, {"train/loss": float(step), "train/grad_norm": 9.0})
+        logger.log(9, {"eval/success_rate": 0.3})
+    # Restart from the checkpoint of step 5: steps 6.. are redone.
+    with MetricsLogger(tmp_path) as logger:
+        assert logger.resumed
+        for step in range(6, 8):
+            logger.log(step, {"train/loss": 100.0 + step})
+    entries = read_metrics(tmp_path)
+    assert [e["step"] for e in entries] == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert entries[0]["eval/success_rate"] == 0.1
+    assert [e["train/loss"] for e in entries[1:]] == [1, 2, 3, 4, 5, 106, 107]
+    assert "train/grad_norm" not in entries[-1]  # the abandoned step 7's values are gone
+    assert len(read_metrics(tmp_path, raw=True)) == 1 + 9 + 1 + 2
+
+    with MetricsLogger(tmp_path / "merge") as logger:
+        logger.log(3, {"train/loss": 1.0, "train/kl": 0.5})
+        logger.log(3, {"eval/success_rate": 0.4, "train/kl": 0.25})
+    (merged,) = read_metrics(tmp_path / "merge")
+    assert merged["train/loss"] == 1.0 and merged["train/kl"] == 0.25 and merged["eval/success_rate"] == 0.4
+
+
+def test_non_finite_values_are_null_and_warned_once_per_name(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        with pytest.warns(MetricsWarning) as record:
+            logger.log(0, {"train/loss": float("nan"), "train/kl": 0.1})
+            logger.log(1, {"train/loss": float("nan")})
+            logger.log(2, {"train/grad_norm": np.float64("inf")})
+        messages = [str(w.message) for w in record]  # once per name, not per value
+        assert len(messages) == 2
+        assert messages[0].startswith("Metric 'train/loss' is nan at step 0; written as null in metrics.jsonl")
+        assert messages[1].startswith("Metric 'train/grad_norm' is inf at step 2; written as null")
+        assert record[0].filename == __file__  # points at the caller's line
+    assert "NaN" not in (tmp_path / "metrics.jsonl").read_text()
+    entries = read_metrics(tmp_path)
+    assert entries[0]["train/loss"] is None and entries[0]["train/kl"] == 0.1
+    assert entries[2]["train/grad_norm"] is None
+
+
+def test_unknown_names_warn_once_with_a_suggestion(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # known and free-form names: no warning at all
+            logger.log(0, {name: 0.0 for name in METRICS})
+            logger.log(0, {"env/agentrl/Countdown-v0/solved": 1.0, "sandbox/exec_seconds_mean": 0.1})
+        with pytest.warns(MetricsWarning) as record:
+            logger.log(1, {"train/kll": 0.5, "myloss": 2.0})
+            logger.log(2, {"train/kll": 0.5, "myloss": 2.0})
+        first, second = (str(w.message) for w in record)  # once per name, not per call
+        assert first.startswith("Unknown metric name 'train/kll' (logged anyway). Did you mean 'train/kl'?")
+        assert second.startswith("Unknown metric name 'myloss' (logged anyway). The fixed names")
+        assert "env/<env id>/" in second
+    assert read_metrics(tmp_path)[-1]["train/kll"] == 0.5  # logged anyway
+
+
+def test_bad_input_is_refused_with_the_reason(tmp_path):
+    logger = MetricsLogger(tmp_path)
+    with pytest.raises(TypeError, match="step must be an integer"):
+        logger.log(1.5, {"train/loss": 1.0})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        logger.log(-1, {"train/loss": 1.0})
+    with pytest.raises(TypeError, match=r"'train/loss' must be a number .* got str 'high'"):
+        logger.log(0, {"train/loss": "high"})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="other than"):
+        logger.log(0, {"step": 3.0})
+    logger.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        logger.log(0, {"train/loss": 1.0})
+    assert (tmp_path / "metrics.jsonl").read_text() == ""  # nothing half-written
+
+
+# --- TensorBoard ------------------------------------------------------------------------------
+
+
+def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(log_dir))
+    accumulator.Reload()
+    return {
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
+        for tag in accumulator.Tags()["scalars"]
+    }
+
+
+def test_tensorboard_events_read_back(tmp_path):
+    pytest.importorskip("torch")
+    with MetricsLogger(tmp_path, tensorboard=True, config={"lr": 1e-6}) as logger:
+        with pytest.warns(MetricsWarning, match="nan at step 1"):
+            for step in range(3):
+                logger.log(step, {"rollout/reward_mean": step / 4, "train/loss": float("nan") if step == 1 else 1.0})
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    scalars = tensorboard_scalars(tmp_path / "tensorboard")
+    assert scalars["rollout/reward_mean"] == [(0, 0.0), (1, 0.25), (2, 0.5)]
+    assert scalars["train/loss"] == [(0, 1.0), (2, 1.0)]  # the NaN is left out, as in the JSONL
+
+
+def test_tensorboard_resume_drops_the_redone_steps(tmp_path):
+    pytest.importorskip("torch")
+    with MetricsLogger(tmp_path, tensorboard=True) as logger:
+        for step in range(6):
+            logger.log(step, {"train/kl": float(step)})
+    time.sleep(1.1)  # event files are named by the second they were opened in
+    with MetricsLogger(tmp_path, tensorboard=True) as logger:
+        for step in range(3, 5):
+            logger.log(step, {"train/kl": 10.0 + step})
+    expected = [(e["step"], e["train/kl"]) for e in read_metrics(tmp_path)]
+    assert expected == [(0, 0), (1, 1), (2, 2), (3, 13), (4, 14)]
+    assert tensorboard_scalars(tmp_path / "tensorboard")["train/kl"] == expected
+
+
+# --- wandb, offline ---------------------------------------------------------------------------
+
+
+def wandb_records(path: Path) -> list[Any]:
+    """Every record of a ``.wandb`` file (LevelDB's log format: 32 KiB blocks of chunks, each
+    with a 7-byte header: CRC, length, and whether it is a whole record or a piece of one)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", "not a wandb record file"
+    block, header = 32768, 7
+    records, pending, pos = [], b"", 7
+    while pos + header <= len(data):
+        left = block - pos % block
+        if left < header:  # the rest of a block too small for a header is padding
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        chunk = data[pos + header : pos + header + length]
+        pos += header + length
+        if kind in (1, 2):  # a whole record, or its first piece
+            pending = chunk
+        elif kind in (3, 4):
+            pending += chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+    return records
+
+
+def test_wandb_offline_runs_hold_the_metrics(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))
+    # Several runs in one process: wandb's finish() alone often returned before a later run's
+    # records reached the disk. "online" in the environment must not matter: the logger always runs
+    # wandb offline (with no network here, an online attempt would fail).
+    for index, env_mode in enumerate(("offline", "online", "offline", "online")):
+        monkeypatch.setenv("WANDB_MODE", env_mode)
+        run_dir = tmp_path / f"calc-{index}"
+        with MetricsLogger(run_dir, wandb=True, wandb_project="agentrl-test", config={"lr": 1e-6}) as logger:
+            with pytest.warns(MetricsWarning, match="nan at step 1"):
+                for step in range(3):
+                    logger.log(step, {"rollout/reward_mean": step / 4, "train/loss": float("nan") if step == 1 else 1.0})
+        (run_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+        records = wandb_records(run_file)
+        history = {}
+        for record in records:
+            if record.WhichOneof("record_type") == "history":
+                items = {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item
+                }
+                history[items["_step"]] = {k: v for k, v in items.items() if not k.startswith("_")}
+        assert history == {
+            0: {"rollout/reward_mean": 0.0, "train/loss": 1.0},
+            1: {"rollout/reward_mean": 0.25},
+            2: {"rollout/reward_mean": 0.5, "train/loss": 1.0},
+        }, (index, env_mode)
+        (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+        assert run.project == "agentrl-test" and run.display_name == f"calc-{index}"
+        config = {item.key: json.loads(item.value_json) for item in run.config.update}
+        assert config["lr"] == 1e-6
+    assert not list((tmp_path / "elsewhere").rglob("*.wandb"))  # WANDB_DIR does not move the run
+
+
+def test_wandb_missing_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now raises ImportError
+    with pytest.raises(ImportError, match=r"needs the wandb package .*pip install wandb"):
+        MetricsLogger(tmp_path, wandb=True)
+    assert not (tmp_path / "metrics.jsonl").exists()  # a sink that cannot start leaves nothing behind

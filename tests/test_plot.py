@@ -1,0 +1,138 @@
+"""agentrl.plot and ``agentrl plot``: the picture's size and content, its errors, the CLI's exit codes."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+from typer.testing import CliRunner
+
+from agentrl.cli import app
+from agentrl.metrics import MetricsLogger
+from agentrl.plot import DPI, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, PANELS, plot_run
+
+runner = CliRunner()
+PANEL_PX = (round(PANEL_HEIGHT_IN * DPI), round(PANEL_WIDTH_IN * DPI))  # rows, columns of pixels
+
+
+def write_run(run_dir: Path, steps: int = 12) -> Path:
+    """A run with every plotted family, evaluations at the first and last steps, and a NaN."""
+    with MetricsLogger(run_dir) as logger, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the NaN's warning is tested in test_metrics
+        logger.log(0, {"eval/success_rate": 0.1, "eval/reward_mean": 0.2, "eval/episodes": 16})
+        for step in range(1, steps + 1):
+            x = step / steps
+            logger.log(
+                step,
+                {
+                    "rollout/reward_mean": x,
+                    "rollout/success_rate": 0.8 * x,
+                    "env/agentrl/Calculator-v0/success_rate": 0.9 * x,
+                    "train/loss": math.nan if step == 5 else 1 - x,
+                    "train/policy_loss": -x,
+                    "train/kl": 0.01 * step,
+                    "train/entropy": 2 - x,
+                    "train/clip_fraction": 0.1 * x,
+                    "train/staleness_mean": 0.5,
+                    "train/staleness_max": 1,
+                    "perf/tokens_per_s": 100 + step,
+                    "perf/train_tokens_per_s": 300,
+                    "perf/time_rollout": 3.0,
+                    "perf/time_train": 1.0,
+                    "perf/time_sync": 0.1,
+                    "perf/time_step": 4.2,
+                },
+            )
+        logger.log(steps, {"eval/success_rate": 0.6, "eval/reward_mean": 0.7, "eval/episodes": 16})
+    return run_dir
+
+
+def assert_drawn(path: Path, panels: tuple[int, int]) -> None:
+    """The picture is panels[0] x panels[1] panels in size and has coloured curves on it."""
+    image = imread(path)
+    rows, columns = panels
+    assert image.shape[:2] == (rows * PANEL_PX[0], columns * PANEL_PX[1])
+    rgb = image[..., :3]
+    not_white = (rgb < 0.95).any(axis=-1).mean()
+    coloured = (rgb.max(axis=-1) - rgb.min(axis=-1) > 0.3).mean()  # lines and markers, not black text
+    assert 0.02 < not_white < 0.5, not_white
+    assert coloured > 0.002, coloured
+
+
+def test_every_family_gets_a_panel(tmp_path):
+    run_dir = write_run(tmp_path / "run")
+    path = plot_run(run_dir)
+    assert path == run_dir / "curves.png"
+    assert_drawn(path, (math.ceil(len(PANELS) / 3), 3))
+
+
+def test_a_run_with_only_evaluations_draws_them_as_markers(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(0, {"eval/success_rate": 0.2, "eval/reward_mean": 0.1})
+        logger.log(10, {"eval/success_rate": 0.5, "eval/reward_mean": 0.4})
+    assert_drawn(plot_run(tmp_path), (1, 2))  # reward and success rate only
+
+
+def test_out_may_be_anywhere(tmp_path):
+    run_dir = write_run(tmp_path / "run", steps=3)
+    out = tmp_path / "new" / "dir" / "calc.png"
+    assert plot_run(run_dir, out) == out
+    assert_drawn(out, (3, 3))
+    assert not (run_dir / "curves.png").exists()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, r"No metrics\.jsonl in .*: expected a run directory written by"),
+        ("", r"metrics\.jsonl is empty: the run has not logged any metrics yet"),
+        ('{"step": 0, "time": 1.0, "sandbox/exec_seconds_mean": 0.1}\n', r"holds none of the metrics .* \['sandbox/exec_seconds_mean'\]"),
+        ('{"step": 0, "time": 1.0, "train/loss": null}\n', r"holds none of the metrics"),
+    ],
+)
+def test_nothing_to_draw_is_a_value_error(tmp_path, content, message):
+    if content is not None:
+        (tmp_path / "metrics.jsonl").write_text(content)
+    with pytest.raises(ValueError, match=message):
+        plot_run(tmp_path)
+    assert not (tmp_path / "curves.png").exists()
+
+
+def test_missing_run_directory_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError, match="No metrics.jsonl in"):
+        plot_run(tmp_path / "no-such-run")
+
+
+# --- agentrl plot -----------------------------------------------------------------------------
+
+
+def test_cli_prints_the_path_it_wrote(tmp_path):
+    run_dir = write_run(tmp_path / ("a run with a long name " + "x" * 60))
+    result = runner.invoke(app, ["plot", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == str(run_dir / "curves.png")  # one line, unwrapped
+    assert_drawn(run_dir / "curves.png", (3, 3))
+
+    out = tmp_path / "elsewhere.png"
+    result = runner.invoke(app, ["plot", str(run_dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == str(out)
+    assert np.array_equal(imread(out).shape, imread(run_dir / "curves.png").shape)
+
+
+def test_cli_usage_errors_exit_2_with_the_reason(tmp_path):
+    result = runner.invoke(app, ["plot", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "No metrics.jsonl in" in result.output and "Traceback" not in result.output
+
+    (tmp_path / "metrics.jsonl").write_text("")
+    result = runner.invoke(app, ["plot", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "is empty" in result.output
+
+    result = runner.invoke(app, ["plot"])
+    assert result.exit_code == 2  # typer's own: the missing RUN_DIR
