@@ -39,7 +39,7 @@ from agentrl.agents.chat import ChatAgent
 from agentrl.buffer import TrajectoryBuffer
 from agentrl.config import to_dict
 from agentrl.policy import Policy, Sampling
-from agentrl.rollout import RolloutEngine, RolloutStats
+from agentrl.rollout import RolloutEngine
 from agentrl.run import RolloutConfig, limits_of, make_policy, sampling_of
 from agentrl.trainers.trainer import TrainerConfig
 from agentrl.types import Trajectory
@@ -286,7 +286,7 @@ class _Controller:
         self.in_flight = len(self.buffer)  # buffered groups count against the window
         self.window = config.groups_per_step * (1 + config.max_staleness)
         self.changed = asyncio.Condition()
-        self.rollout_stats = RolloutStats()
+        self._failed_seen = 0
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -330,11 +330,11 @@ class _Controller:
         state.trained_groups += numbers
         self.in_flight -= len(groups)
         _append_json(Path(config.run_dir) / "batches.jsonl", {"step": state.step, "groups": numbers})
-        for t in trajectories:
-            self.rollout_stats.add(t)
         metrics.update(self._rollout_metrics(trajectories, versions, version))
         metrics["perf/time_rollout"] = rollout_seconds
         metrics["perf/time_step"] = rollout_seconds + metrics["perf/time_train"] + metrics["perf/time_sync"]
+        generated = sum(t.num_generated for t in trajectories)
+        metrics["perf/tokens_per_s"] = generated / metrics["perf/time_step"]
         self.metrics.log(state.step, metrics)
         self.progress.on_advance(metrics)
         if config.checkpoint_every and state.step % config.checkpoint_every == 0 and state.step < config.steps:
@@ -416,18 +416,20 @@ class _Controller:
         return result
 
     def _rollout_metrics(self, trajectories: list[Trajectory], versions: list[int], version: int) -> dict[str, float]:
+        """``rollout/...`` of this step's batch and ``train/staleness...`` of its tokens."""
         good = [t for t in trajectories if t.error is None]
         successes = [bool(t.info.get("success", t.reward > 0)) for t in good]
-        staleness = [version - 1 - v for v in versions]  # the step trained on weights version - 1
+        staleness = [version - 1 - v for v in versions]  # the step trained weights of version - 1
         stats = self.buffer.stats
+        failed, self._failed_seen = stats.failed - self._failed_seen, stats.failed
         return {
+            "rollout/episodes": float(len(trajectories) + failed),
+            "rollout/failed": float(failed),
+            "rollout/truncated": float(sum(t.truncated for t in trajectories)),
             "rollout/reward_mean": sum(t.reward for t in good) / max(len(good), 1),
             "rollout/success_rate": sum(successes) / max(len(successes), 1),
             "rollout/turns_mean": sum(t.turns for t in trajectories) / max(len(trajectories), 1),
             "rollout/response_tokens_mean": sum(t.num_generated for t in trajectories) / max(len(trajectories), 1),
-            "rollout/failed": float(stats.failed),
-            "rollout/episodes": float(self.engine.stats.episodes),
-            "perf/tokens_per_s": self.engine.stats.generated_tokens / max(self.engine.stats.seconds, 1e-9),
             "train/staleness_mean": sum(staleness) / max(len(staleness), 1),
             "train/staleness_max": float(max(staleness, default=0)),
             "train/stale_groups": float(stats.stale_groups),
