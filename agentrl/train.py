@@ -183,6 +183,7 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
             device=config.device,
             lora_rank=trainer_config.lora_rank,
             lora_alpha=trainer_config.lora_alpha,
+            trainable_layers=trainer_config.trainable_layers,
             gradient_checkpointing=trainer_config.gradient_checkpointing,
         )
         ref_model = load_reference_model(model_path, device=config.device) if trainer_config.kl_coef > 0 else None

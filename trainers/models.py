@@ -38,22 +38,55 @@ def load_policy_model(
     lora_rank: int = 0,
     lora_alpha: float = 16.0,
     lora_target_modules: str | list[str] = "all-linear",
+    trainable_layers: int = 0,
     gradient_checkpointing: bool = False,
 ) -> nn.Module:
-    """A transformers causal LM to train, from a checkpoint directory (with LoRA when ``lora_rank`` > 0)."""
+    """A transformers causal LM to train, from a checkpoint directory.
+
+    ``lora_rank`` > 0 trains LoRA adapters instead of the weights. ``trainable_layers`` = N > 0
+    trains only the last N decoder layers and the final norm (with LoRA: puts adapters only
+    there); everything below, embeddings included, is frozen, so the backward pass stops at layer
+    L - N. On a CPU that is most of a step's cost: the quickstart trains SmolLM2's top layers.
+    """
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
         model.config.use_cache = False
+    layers = _decoder_layers(model)
+    if trainable_layers < 0 or trainable_layers > len(layers):
+        raise ValueError(f"trainable_layers must be between 0 (all) and the model's {len(layers)} layers, got {trainable_layers}.")
+    top = list(range(len(layers) - trainable_layers, len(layers))) if trainable_layers else None
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
-        config = LoraConfig(r=lora_rank, lora_alpha=lora_alpha, target_modules=lora_target_modules, lora_dropout=0.0)
+        config = LoraConfig(
+            r=lora_rank,
+            lora_alpha=lora_alpha,
+            target_modules=lora_target_modules,
+            lora_dropout=0.0,
+            layers_to_transform=top,
+        )
         model = get_peft_model(model, config)
+    elif top is not None:
+        model.requires_grad_(False)
+        for index in top:
+            layers[index].requires_grad_(True)
+        norm = getattr(getattr(model, model.base_model_prefix), "norm", None)
+        if norm is not None:
+            norm.requires_grad_(True)
     model.train()
     return model
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The model's stack of decoder layers (the ModuleList as long as ``num_hidden_layers``)."""
+    count = getattr(model.config, "num_hidden_layers", None)
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) == count:
+            return module
+    raise ValueError(f"Cannot find the decoder layers of {type(model).__name__} (no ModuleList of {count} layers).")
 
 
 def load_reference_model(path: str | Path, *, dtype: str = "float32", device: str = "cpu") -> nn.Module:

@@ -106,6 +106,8 @@ class TrainerConfig:
     """LoRA rank (0 = full fine-tuning)."""
     lora_alpha: float = 16.0
     """LoRA alpha."""
+    trainable_layers: int = 0
+    """Train only the last N decoder layers and the final norm (0 = all); the backward pass stops there."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (less memory, ~30% slower)."""
     seed: int = 0

@@ -193,3 +193,17 @@ def test_two_gloo_processes_equal_one(tiny_model_dir, trajectories, tmp_path):
     for name, value in single.model.state_dict().items():
         torch.testing.assert_close(parallel["params"][name], value, atol=1e-6, rtol=1e-5, msg=name)
 
+
+
+def test_trainable_layers_freeze_everything_below(tiny_model_dir, trajectories):
+    model = load_policy_model(tiny_model_dir, trainable_layers=1)
+    layers = model.config.num_hidden_layers
+    trainer = Trainer(model, TrainerConfig(lr=1e-2, micro_batch_size=16), pad_token_id=0)
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    trainer.step(trajectories)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    top = f"model.layers.{layers - 1}."
+    assert changed and all(n.startswith(top) or n == "model.norm.weight" for n in changed), changed
+    assert "model.embed_tokens.weight" not in changed  # the tied head stays too
+    with pytest.raises(ValueError, match="trainable_layers must be between 0"):
+        load_policy_model(tiny_model_dir, trainable_layers=layers + 1)
