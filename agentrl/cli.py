@@ -6,6 +6,8 @@
     agentrl check agentrl/Calculator-v0            # run agentrl.check_env on one env
     agentrl play agentrl/Calculator-v0             # play it yourself in the terminal
     agentrl play agentrl/Countdown-v0 --agent random --episodes 3 --seed 0
+    agentrl train examples/quickstart.yaml         # train the default model; held-out success before/after
+    agentrl plot runs/calc                         # draw a run's metrics into runs/calc/curves.png
 
 Every command that makes an env takes ``--kwarg key=value`` (repeatable) for the env's constructor
 arguments; values are read as JSON when they parse (``max_turns=4``, ``words=["a","b"]``) and as
@@ -37,6 +39,7 @@ from rich.text import Text
 
 import agentrl
 from agentrl.registry import load_plugins
+from agentrl.sandboxes.cli import sandbox_app
 from agentrl.types import Message
 
 app = typer.Typer(
@@ -48,6 +51,7 @@ app = typer.Typer(
 )
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
+app.add_typer(sandbox_app, name="sandbox")
 
 ROLE_STYLES: dict[str, str] = {"system": "magenta", "user": "cyan", "assistant": "green", "tool": "yellow"}
 DEFAULT_RANDOM_MAX_TURNS = 20
@@ -462,6 +466,95 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
         console.print(f"wrote {len(trajectories)} trajectories to {escape(config.out)}")
 
 
+@app.command("train")
+def train_command(
+    config: Annotated[str | None, typer.Argument(help="A YAML file of TrainConfig fields, e.g. examples/quickstart.yaml.")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Argument(help="Any TrainConfig field as key=value; sections with dots: trainer.lr=1e-5.")
+    ] = None,
+) -> None:
+    """Train a policy on an env: rollouts on the inference engine, PPO/GRPO steps, weights back to the engine.
+
+    Prints held-out success before and after training; writes metrics, checkpoints, the trained model
+    and the curves into run_dir.
+    """
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from agentrl.config import ConfigError, load_config
+    from agentrl.train import TrainConfig, train
+
+    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+        overrides, config = [config, *(overrides or [])], None  # only overrides were given
+    try:
+        settings = load_config(TrainConfig, config, list(overrides or []))
+        for module in settings.imports:
+            __import__(module)
+        agentrl.spec(settings.rollout.env_id)
+    except (ConfigError, ValueError, ImportError) as e:
+        fail(str(e), code=2)
+    with _TrainProgress() as progress:
+        try:
+            result = train(settings, progress.hooks())
+        except (ConnectionError, FileNotFoundError) as e:
+            progress.stop()
+            fail(str(e))
+    _print_train_summary(settings, result)
+
+
+class _TrainProgress:
+    """Progress bars for ``agentrl train``: one per phase (engine start, evaluations, training)."""
+
+    def __init__(self) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+        self.progress = Progress(*columns, console=err_console, transient=False)
+        self.task: Any = None
+
+    def __enter__(self) -> _TrainProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.progress.stop()
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+    def hooks(self) -> Any:
+        from agentrl.train import Progress
+
+        def on_phase(name: str, total: int) -> None:
+            if self.task is not None:
+                self.progress.update(self.task, status="done")
+            self.task = self.progress.add_task(name, total=total or None, status="")
+
+        def on_advance(info: dict[str, Any]) -> None:
+            status = ""
+            if "rollout/reward_mean" in info:
+                status = f"reward {info['rollout/reward_mean']:.3f}  success {info['rollout/success_rate']:.0%}"
+            self.progress.update(self.task, advance=1, status=status)
+
+        return Progress(on_phase=on_phase, on_advance=on_advance)
+
+
+def _print_train_summary(config: Any, result: Any) -> None:
+    table = Table(title=f"{config.rollout.env_id} · {config.rollout.model} · {config.trainer.algorithm} · {result.steps} steps", title_justify="left")
+    table.add_column("held-out (split test)")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    before, after = result.eval_before or {}, result.eval_after or {}
+    for name, label, fmt in (("eval/success_rate", "success rate", "{:.1%}"), ("eval/reward_mean", "mean reward", "{:.3f}"), ("eval/episodes", "episodes", "{:.0f}"), ("eval/failed", "failed", "{:.0f}")):
+        table.add_row(label, fmt.format(before[name]) if name in before else "-", fmt.format(after[name]) if name in after else "-")
+    console.print(table)
+    console.print(f"run dir: {escape(str(result.run_dir))}")
+    if result.model_dir is not None:
+        console.print(f"trained model: {escape(str(result.model_dir))}")
+    if result.plot is not None:
+        console.print(f"curves: {escape(str(result.plot))}")
+
+
 def _print_rollout_summary(config: Any, stats: Any) -> None:
     summary = stats.summary()
     table = Table(title=f"{config.env_id} · {config.model} · {config.backend} · split {config.split}", title_justify="left")
@@ -478,6 +571,23 @@ def _print_rollout_summary(config: Any, stats: Any) -> None:
     table.add_row("tokens/s", f"{summary['perf/rollout_tokens_per_s']:.1f}")
     table.add_row("seconds", f"{stats.seconds:.1f}")
     console.print(table)
+
+
+@app.command("plot")
+def plot_command(
+    run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run directory holding metrics.jsonl.")],
+    out: Annotated[
+        str | None, typer.Option(metavar="FILE", help="Where to write the picture (default RUN_DIR/curves.png).")
+    ] = None,
+) -> None:
+    """Draw a run's training curves from RUN_DIR/metrics.jsonl into one picture; print its path."""
+    from agentrl.plot import plot_run  # matplotlib takes a second to import; only this command needs it
+
+    try:
+        path = plot_run(run_dir, out)
+    except ValueError as e:  # no metrics.jsonl, an empty one, or nothing to draw
+        fail(str(e), code=2)
+    console.print(escape(str(path)), soft_wrap=True)
 
 
 def _show_warning(

@@ -1,1 +1,26 @@
-"""Isolated code execution. Not yet implemented: see the sandboxes issue."""
+"""Isolated code execution: the Sandbox protocol, the Docker and bubblewrap backends, a warm pool.
+
+See ``docs/sandboxes.md``; what each backend protects against is written at the top of
+:mod:`agentrl.sandboxes.docker` and :mod:`agentrl.sandboxes.local`.
+"""
+
+from agentrl.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits
+from agentrl.sandboxes.docker import DEFAULT_IMAGE, DockerSandbox, docker_available, remove_leaked_containers
+from agentrl.sandboxes.local import LocalSandbox, bubblewrap_available
+from agentrl.sandboxes.make import make_sandbox
+from agentrl.sandboxes.pool import SandboxPool
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "DockerSandbox",
+    "ExecResult",
+    "LocalSandbox",
+    "Sandbox",
+    "SandboxError",
+    "SandboxLimits",
+    "SandboxPool",
+    "bubblewrap_available",
+    "docker_available",
+    "make_sandbox",
+    "remove_leaked_containers",
+]

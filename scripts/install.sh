@@ -35,11 +35,10 @@ python --version
 python -m pip --version
 
 # --- system packages ------------------------------------------------------------------------
-# Nothing is needed yet. Later issues add their packages to this list:
 #   docker.io     the Docker Engine for sandboxes (started below)
 #   bubblewrap    the local sandbox backend
 #   debootstrap   builds the sandbox image offline (no image can be pulled here)
-SYSTEM_PACKAGES=()
+SYSTEM_PACKAGES=(docker.io bubblewrap debootstrap)
 
 section "system packages"
 missing=()
@@ -54,9 +53,34 @@ else
 fi
 
 # --- services -------------------------------------------------------------------------------
-# Later: start the Docker daemon without networking and build the sandbox image, e.g.
-#   pgrep -x dockerd >/dev/null || (dockerd --bridge=none --iptables=false >/var/log/dockerd.log 2>&1 &)
-#   then wait for `docker info`, and build the image from debootstrap + `docker import` if absent.
+# The Docker Engine for DockerSandbox, without networking of its own: sandboxes run with
+# network_mode=none, and this machine may not let dockerd make bridges or iptables rules. A service
+# manager is not assumed (CI machines and containers have none): dockerd runs in the background,
+# its log in $DOCKERD_LOG. An engine that already answers (a system service, DOCKER_HOST) is kept.
+DOCKERD_LOG="${DOCKERD_LOG:-/var/log/agentrl-dockerd.log}"
+DOCKERD_WAIT_S="${DOCKERD_WAIT_S:-60}"
+section "docker engine"
+if docker info >/dev/null 2>&1; then
+    echo "the Docker Engine answers"
+else
+    if pgrep -x dockerd >/dev/null 2>&1; then
+        echo "dockerd is running but does not answer yet; waiting for it"
+    else
+        echo "starting dockerd --bridge=none --iptables=false (log: $DOCKERD_LOG)"
+        $SUDO setsid sh -c "exec dockerd --bridge=none --iptables=false >>'$DOCKERD_LOG' 2>&1" </dev/null &
+    fi
+    deadline=$((SECONDS + DOCKERD_WAIT_S))
+    until docker info >/dev/null 2>&1; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "error: the Docker Engine did not answer within ${DOCKERD_WAIT_S} s; the end of $DOCKERD_LOG:" >&2
+            tail -n 20 "$DOCKERD_LOG" >&2 || true
+            echo "Start it by hand (dockerd --bridge=none --iptables=false) or set DOCKER_HOST, then rerun." >&2
+            exit 1
+        fi
+        sleep 1
+    done
+    echo "the Docker Engine answers"
+fi
 
 # --- Python packages ------------------------------------------------------------------------
 section "Python build tools"
@@ -83,3 +107,8 @@ for package in torchvision torchaudio torchcodec; do
     fi
 done
 
+# --- sandbox image --------------------------------------------------------------------------
+# The default sandbox image, built offline from Debian packages (debootstrap + docker import) since
+# no registry image can be pulled here; skipped when present, so a second run costs a second.
+section "sandbox image (agentrl sandbox build-image)"
+python -m agentrl.cli sandbox build-image --quiet

@@ -1,0 +1,43 @@
+"""make_sandbox: one sandbox from a backend name, with ``auto`` choosing what this machine has."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from agentrl.sandboxes.base import Sandbox, SandboxError, SandboxLimits
+from agentrl.sandboxes.docker import DEFAULT_IMAGE, DockerSandbox, docker_available
+from agentrl.sandboxes.local import LocalSandbox, bubblewrap_problem
+
+Backend = Literal["docker", "local", "auto"]
+BACKENDS: tuple[str, ...] = ("docker", "local", "auto")
+
+
+def make_sandbox(backend: Backend = "auto", image: str = DEFAULT_IMAGE, limits: SandboxLimits | None = None) -> Sandbox:
+    """A started sandbox of ``backend``.
+
+    ``auto`` is Docker when the engine answers and ``image`` is present, else the local bubblewrap
+    backend, else a :class:`SandboxError` that gives both reasons. The local backend runs the host's
+    ``/usr`` read-only and ignores ``image``.
+
+    >>> sb = make_sandbox("auto")                      # doctest: +SKIP
+    >>> sb.exec("python3 -c 'print(1 + 1)'").stdout    # doctest: +SKIP
+    '2\\n'
+    """
+    limits = limits or SandboxLimits()
+    if backend == "docker":
+        return DockerSandbox(image, limits)
+    if backend == "local":
+        return LocalSandbox(limits)
+    if backend != "auto":
+        raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+    if docker_available(image):
+        return DockerSandbox(image, limits)
+    problem = bubblewrap_problem()
+    if problem is None:
+        return LocalSandbox(limits)
+    docker_reason = (
+        f"the image {image!r} is not present (build it: agentrl sandbox build-image)"
+        if docker_available()
+        else "the Docker Engine does not answer"
+    )
+    raise SandboxError(f"no sandbox backend is usable here: docker: {docker_reason}; local: {problem}")
