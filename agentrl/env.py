@@ -27,6 +27,7 @@ from ``self.np_random`` is deterministic under a seed.
 
 from __future__ import annotations
 
+import inspect
 import random
 import string
 from collections.abc import Sequence
@@ -134,6 +135,9 @@ class AgentEnv(gym.Env[Observation, Action]):
 
     Subclasses implement :meth:`start` and :meth:`respond` (and may override :meth:`answer_tools`), and may set the class attributes
     ``tools`` (callables or :class:`~agentrl.tools.Tool`), ``tool_format`` and ``tool_timeout``.
+    A plain method of the class listed in ``tools`` (``tools = (run,)`` after ``def run(self, ...)``
+    in the class body) becomes a tool bound to each instance, so it can reach the instance's own
+    state, such as its sandbox.
     ``max_turns`` (a constructor argument) truncates an episode after that many replies.
     I/O-bound envs may override :meth:`areset` / :meth:`astep` with native ``async`` versions.
     """
@@ -152,7 +156,7 @@ class AgentEnv(gym.Env[Observation, Action]):
             raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}.")
         self.max_turns = max_turns
         self.render_mode = render_mode
-        self.tools = [as_tool(t) for t in type(self).tools]
+        self.tools = [as_tool(self._bound(t)) for t in type(self).tools]
         self.observation_space = MessagesSpace()
         self.action_space = ReplySpace(self.tools)
         self.messages: list[Message] = []
@@ -244,6 +248,13 @@ class AgentEnv(gym.Env[Observation, Action]):
             f"{self.max_tool_calls} were run. Make at most {self.max_tool_calls} calls per reply."
         )
         return calls, [ToolResult(extra[0], f"Error: {reason}", error=reason, error_kind="too_many_calls")]
+
+    def _bound(self, entry: Tool | Any) -> Tool | Any:
+        # A function written in a class body is a method: bind it (a subclass's override wins, as
+        # for any method). A module-level function or a Tool is taken as it is.
+        if inspect.isfunction(entry) and any(vars(k).get(entry.__name__) is entry for k in type(self).__mro__):
+            return getattr(self, entry.__name__)
+        return entry
 
     @property
     def _tools_by_name(self) -> dict[str, Tool]:

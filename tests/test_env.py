@@ -212,3 +212,47 @@ def test_a_reply_with_too_many_tool_calls_runs_the_first_few():
     observation = env.step(call * 1000).observation
     assert len(observation) == env.max_tool_calls + 1
     assert "too many tool calls in one reply (1000)" in observation[-1].content
+
+
+def test_methods_listed_as_tools_are_bound_to_each_instance():
+    class CounterEnv(SumEnv):
+        def __init__(self, start: int):
+            super().__init__()
+            self.count = start
+
+        def bump(self, by: int) -> int:
+            """Add to this env's own counter.
+
+            Args:
+                by: How much to add.
+            """
+            self.count += by
+            return self.count
+
+        async def peek(self) -> int:
+            """Read this env's own counter."""
+            return self.count
+
+        tools = (add, bump, peek)
+
+    class Doubling(CounterEnv):
+        def bump(self, by: int) -> int:
+            """Add twice as much.
+
+            Args:
+                by: Half of what to add.
+            """
+            return super().bump(2 * by)
+
+    a, b, c = CounterEnv(0), CounterEnv(100), Doubling(0)
+    assert [t.name for t in a.tools] == ["add", "bump", "peek"]
+    assert a.tools[0] is add  # a module-level tool is shared as it is
+    assert a.tools[1].parameters["required"] == ["by"]  # no `self` in the schema
+    for env in (a, b, c):
+        env.reset(seed=0)
+    bump = '<tool_call>{"name": "bump", "arguments": {"by": 5}}</tool_call>'
+    peek = '<tool_call>{"name": "peek", "arguments": {}}</tool_call>'
+    assert a.step(bump).observation[0].content == "5"
+    assert asyncio.run(b.astep(bump)).observation[0].content == "105"
+    assert c.step(bump).observation[0].content == "10"  # the subclass's override runs
+    assert asyncio.run(a.astep(peek)).observation[0].content == "5" and b.count == 105

@@ -1,0 +1,27 @@
+"""``agentrl/CodeSandbox-v0``: write a Python function in a sandbox; hidden tests in another sandbox grade it.
+
+Importing the package registers the id (in :mod:`.env`).
+
+:mod:`.env` holds the env and its rules, :mod:`.problems` the catalogue of problems, :mod:`.grading`
+the tamper-proof grader, :mod:`.pool` the sandbox pools the envs of a process share.
+"""
+
+from agentrl.envs.codesandbox.env import CodeSandboxEnv
+from agentrl.envs.codesandbox.grading import Grade, grade_many, grade_source
+from agentrl.envs.codesandbox.pool import close_pools
+from agentrl.envs.codesandbox.problem import Case, Problem, Raises
+from agentrl.envs.codesandbox.problems import PROBLEMS, get_problem, problems_of
+
+__all__ = [
+    "PROBLEMS",
+    "Case",
+    "CodeSandboxEnv",
+    "Grade",
+    "Problem",
+    "Raises",
+    "close_pools",
+    "get_problem",
+    "grade_many",
+    "grade_source",
+    "problems_of",
+]
