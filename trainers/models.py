@@ -129,29 +129,84 @@ def generated_logprobs(
     loss_mask: torch.Tensor,
     *,
     entropy_grad: bool = False,
+    group_index: torch.Tensor | None = None,
 ) -> TokenStats:
     """Log-probs and entropies of the generated tokens (``loss_mask`` 1), computed in fp32.
 
-    The entropy is differentiable only with ``entropy_grad`` (an entropy bonus needs it; a metric
-    does not, and its graph over the vocabulary would cost memory).
+    With ``group_index``, rows of one group that begin with the same tokens (GRPO samples of one
+    prompt) share one forward pass over that prefix: its keys and values are computed once,
+    repeated for the group's rows, and the rows go on from there. The gradient flows through the
+    shared pass; the results equal the plain pass to rounding. The entropy is differentiable only
+    with ``entropy_grad`` (an entropy bonus needs it; a metric does not, and its graph over the
+    vocabulary would cost memory).
     """
     base = _unwrap(model)
-    targets = loss_mask[:, 1:].bool()  # position t-1 predicts token t
-    if _plain_head(base):
-        backbone = getattr(base, base.base_model_prefix)
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        logits = base.get_output_embeddings()(hidden[:, :-1][targets]).float()
-    else:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][targets].float()
-    log_dist = torch.log_softmax(logits, dim=-1)
-    chosen = log_dist.gather(-1, input_ids[:, 1:][targets].unsqueeze(-1)).squeeze(-1)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        spread = -(log_dist.exp() * log_dist).sum(-1)
     logprobs = torch.zeros(loss_mask.shape, dtype=torch.float32, device=loss_mask.device)
     entropy = torch.zeros_like(logprobs)
-    logprobs[:, 1:] = logprobs[:, 1:].masked_scatter(targets, chosen)
-    entropy[:, 1:] = entropy[:, 1:].masked_scatter(targets, spread)
+    if not _plain_head(base):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        _fill(logprobs, entropy, logits, input_ids, loss_mask, torch.arange(len(input_ids)), 0, entropy_grad)
+        return TokenStats(logprobs, entropy)
+    backbone, head = getattr(base, base.base_model_prefix), base.get_output_embeddings()
+    for rows, prefix in _shared_prefixes(input_ids, loss_mask, group_index):
+        cache = None
+        if prefix > 0:
+            cache = backbone(input_ids=input_ids[rows[:1], :prefix], use_cache=True).past_key_values
+            cache.batch_repeat_interleave(len(rows))
+        hidden = backbone(
+            input_ids=input_ids[rows, prefix:],
+            attention_mask=attention_mask[rows],
+            past_key_values=cache,
+            use_cache=cache is not None,
+        ).last_hidden_state
+        _fill(logprobs, entropy, hidden, input_ids, loss_mask, rows, prefix, entropy_grad, head=head)
     return TokenStats(logprobs, entropy)
+
+
+def _fill(
+    logprobs: torch.Tensor,
+    entropy: torch.Tensor,
+    states: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    rows: torch.Tensor,
+    start: int,
+    entropy_grad: bool,
+    head: nn.Module | None = None,
+) -> None:
+    """Write the log-probs of ``rows``' generated tokens from ``states`` (hidden states, or logits when
+    ``head`` is None) that begin at position ``start`` of the sequence; position t - 1 predicts t."""
+    targets = loss_mask[rows, start + 1 :].bool()
+    chosen_states = states[:, : targets.shape[1]][targets]
+    logits = (head(chosen_states) if head is not None else chosen_states).float()
+    log_dist = torch.log_softmax(logits, dim=-1)
+    chosen = log_dist.gather(-1, input_ids[rows, start + 1 :][targets].unsqueeze(-1)).squeeze(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        spread = -(log_dist.exp() * log_dist).sum(-1)
+    where = torch.zeros_like(loss_mask, dtype=torch.bool)
+    where[rows, start + 1 :] = targets
+    # In place on a zeros tensor that needs no gradient: the graph of ``chosen`` is kept.
+    logprobs.masked_scatter_(where, chosen)
+    entropy.masked_scatter_(where, spread)
+
+
+def _shared_prefixes(
+    input_ids: torch.Tensor, loss_mask: torch.Tensor, group_index: torch.Tensor | None
+) -> list[tuple[torch.Tensor, int]]:
+    """Row sets and the length of the prefix they share, up to the token before their first generated one."""
+    everything = torch.arange(len(input_ids), device=input_ids.device)
+    if group_index is None:
+        return [(everything, 0)]
+    out = []
+    for group in torch.unique(group_index):
+        rows = everything[group_index == group]
+        first = loss_mask[rows].argmax(dim=1).min().item()  # the earliest first generated token
+        prefix = max(int(first) - 1, 0)  # the token before it must run with the row, to predict it
+        if len(rows) > 1 and prefix > 0:
+            same = (input_ids[rows, :prefix] == input_ids[rows[:1], :prefix]).all(dim=0)
+            prefix = int(same.float().argmin().item()) if not bool(same.all()) else prefix
+        out.append((rows, prefix if len(rows) > 1 else 0))
+    return out
 
 
 def inference_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -234,7 +234,12 @@ class Trainer:
             )
 
         current = generated_logprobs(
-            self.model, micro.input_ids, micro.attention_mask, mask, entropy_grad=config.entropy_coef > 0
+            self.model,
+            micro.input_ids,
+            micro.attention_mask,
+            mask,
+            entropy_grad=config.entropy_coef > 0,
+            group_index=self._groups(micro),
         )
         old = micro.extras.get("old_logprobs", current.logprobs.detach())
         per_token, stats = policy_loss(
@@ -274,10 +279,18 @@ class Trainer:
 
     def _logprobs(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         parts = [
-            generated_logprobs(model, micro.input_ids, micro.attention_mask, micro.loss_mask).logprobs
+            generated_logprobs(
+                model, micro.input_ids, micro.attention_mask, micro.loss_mask, group_index=self._groups(micro)
+            ).logprobs
             for micro in batch.split(self.config.micro_batch_size)
         ]
         return torch.cat(parts)
+
+    def _groups(self, micro: Batch) -> torch.Tensor | None:
+        """Group indices for the shared-prompt pass (one forward over a group's common prefix).
+
+        Off with gradient checkpointing, which cannot keep a key/value cache in training."""
+        return None if self.config.gradient_checkpointing else micro.group_index
 
     def _values(self, batch: Batch) -> torch.Tensor:
         assert self.value_model is not None

@@ -169,7 +169,7 @@ def _data_parallel_worker(rank: int, world: int, init_file: str, model_dir: str,
         share = len(trajectories) // world  # whole groups per process
         trainer.step(trajectories[rank * share : (rank + 1) * share])
         if rank == 0:
-            torch.save({"grads": _grads(trainer), "params": trainer.model.state_dict()}, out)
+            torch.save({"grads": _grads(trainer)}, out)
     finally:
         dist.destroy_process_group()
 
@@ -190,8 +190,8 @@ def test_two_gloo_processes_equal_one(tiny_model_dir, trajectories, tmp_path):
     assert grads.keys() == parallel["grads"].keys()
     for name in grads:
         torch.testing.assert_close(parallel["grads"][name], grads[name], atol=1e-6, rtol=1e-5, msg=name)
-    for name, value in single.model.state_dict().items():
-        torch.testing.assert_close(parallel["params"][name], value, atol=1e-6, rtol=1e-5, msg=name)
+    # (weights are not compared: Adam's first step is lr * g / |g|, which turns rounding-level
+    # differences of tiny gradient entries into differences of 2 lr)
 
 
 
@@ -207,3 +207,34 @@ def test_trainable_layers_freeze_everything_below(tiny_model_dir, trajectories):
     assert "model.embed_tokens.weight" not in changed  # the tied head stays too
     with pytest.raises(ValueError, match="trainable_layers must be between 0"):
         load_policy_model(tiny_model_dir, trainable_layers=layers + 1)
+
+
+def test_a_groups_shared_prompt_runs_once_with_the_same_results(tiny_model_dir):
+    model = load_policy_model(tiny_model_dir)
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(3, 1000, (20,), generator=generator)
+    other = prompt.clone()
+    other[15] = 7  # a group whose rows part ways inside the prompt shares only what is common
+    rows = [torch.cat([p, torch.randint(3, 1000, (n,), generator=generator)]) for p, n in
+            [(prompt, 5), (prompt, 9), (prompt, 3), (prompt, 7), (other, 6), (prompt, 6), (prompt, 4)]]
+    width = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    attention = torch.zeros_like(ids)
+    mask = torch.zeros(len(rows), width)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)], attention[i, : len(r)], mask[i, 20 : len(r)] = r, 1, 1
+    mask[1, 22:24] = 0  # observation tokens between two turns
+    groups = torch.tensor([0, 0, 0, 1, 1, 2, 3])  # rows 3 and 4 differ at position 15
+
+    def run(group_index):
+        model.zero_grad(set_to_none=True)
+        out = generated_logprobs(model, ids, attention, mask, group_index=group_index)
+        (out.logprobs * torch.linspace(-1, 1, width)).sum().backward()
+        return out, [p.grad.clone() for p in model.parameters()]
+
+    (plain, plain_grads), (shared, shared_grads) = run(None), run(groups)
+    torch.testing.assert_close(shared.logprobs, plain.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(shared.entropy, plain.entropy, atol=1e-5, rtol=0)
+    assert bool((plain.logprobs != 0).sum() == mask[:, 1:].sum())
+    for a, b in zip(plain_grads, shared_grads):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
