@@ -1,18 +1,25 @@
 """Env workers and inference engines as Ray actors, running the same code as a local rollout.
 
 Ray is a placement decision, not a second implementation. An :class:`EnvWorker` actor holds its own
-envs and :class:`~agentrl.agents.chat.ChatAgent` and plays a slice of the groups with the same
-:class:`~agentrl.rollout.RolloutEngine` (so the same :func:`~agentrl.rollout.run_episode`) that a
-local rollout uses. Its policy is a :class:`RemotePolicy`, an ordinary :class:`~agentrl.policy.Policy`
-that awaits a :class:`PolicyActor`, which hosts any backend (``hf``, ``vllm``, or a factory of your
-own) and serves many requests at once. :class:`DistributedRollout` is the controller: it spreads the
-groups over the workers and merges what comes back. Group ``g`` is the same task, with the same group
-id and seeds, as group ``g`` of a local ``RolloutEngine`` with the same settings.
+envs and :class:`~agentrl.agents.chat.ChatAgent` s and plays a slice of the groups with the same
+engine a local rollout uses: :class:`~agentrl.rollout.RolloutEngine` for a single-agent env,
+:class:`~agentrl.multiagent.MultiAgentRolloutEngine` for a multi-agent one. Each policy is a
+:class:`RemotePolicy`, an ordinary :class:`~agentrl.policy.Policy` that awaits a :class:`PolicyActor`,
+which hosts any backend (``hf``, ``vllm``, or a factory of your own) and serves many requests at
+once; a multi-agent env maps its agents to policy ids (``mapping``), one actor per policy id.
+:class:`DistributedRollout` is the controller: it spreads the groups over the workers and merges what
+comes back. Group ``g`` is the same task, with the same group id and seeds, as group ``g`` of a local
+engine with the same settings.
 
 How trajectories come back: ``EnvWorker.run(first_group, num_groups)`` is an async generator, which
-Ray streams: each finished trajectory becomes one object that the controller awaits as soon as it
-exists, so trajectories arrive in completion order, as they do locally. There is no queue actor and
-no polling; the controller only moves references.
+Ray streams: each finished episode (its trajectories, one per agent) becomes one object that the
+controller awaits as soon as it exists, so episodes arrive in completion order, as they do locally,
+and whole. There is no queue actor and no polling; the controller only moves references.
+
+A generation an episode gives up on (its turn or episode time limit passed) is cancelled on the
+actor too: :class:`RemotePolicy` calls ``ray.cancel`` on it, which cancels the backend's coroutine,
+and the actor serves the next requests as before. vLLM then aborts the request; the ``hf`` backend
+still computes a request it has already queued or batched, and drops the result.
 
 Faults. A worker that dies (``ray.kill``, its process killed, its node lost) ends its stream with
 ``ActorDiedError``, after the trajectories it had already sent. The controller then accounts for
@@ -20,10 +27,10 @@ every episode of that worker's groups:
 
 - a group none of whose episodes arrived is played again, whole, by a replacement worker, placed
   as the dead one was (a pinned worker's replacement goes elsewhere if its node is gone);
-- a group some of whose episodes already arrived gets each missing episode as a failed trajectory
-  with ``error="WorkerDied: ..."``. Playing only the missing samples again would repeat the samples
-  (and sampler seeds) of episodes already delivered; the buffer counts the failures and drops or
-  keeps the partial group as it does for any failed episode.
+- a group some of whose episodes already arrived gets each missing episode as failed trajectories
+  (one per agent) with ``error="WorkerDied: ..."``. Playing only the missing samples again would
+  repeat the samples (and sampler seeds) of episodes already delivered; the buffer counts the
+  failures and drops or keeps the partial group as it does for any failed episode.
 
 At most ``max_replacements`` workers are started per :meth:`DistributedRollout.stream`; past that,
 unplayed groups are recorded as ``WorkerDied`` failures too, so a crash that repeats (an env that
@@ -47,12 +54,13 @@ a path or hub id that must load on every node that runs a worker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
 import os
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -69,8 +77,16 @@ import agentrl
 from agentrl.agents.chat import ChatAgent
 from agentrl.buffer import TrajectoryBuffer
 from agentrl.env import AgentEnv
+from agentrl.multiagent import (
+    MappingPreset,
+    MultiAgentEnv,
+    MultiAgentRolloutEngine,
+    make_multiagent,
+    multiagent_ids,
+    policy_mapping,
+)
 from agentrl.policy import Generation, Policy, Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutStats, group_name
+from agentrl.rollout import EpisodeLimits, GroupScheduler, RolloutEngine, RolloutStats, group_name
 from agentrl.types import Trajectory, write_jsonl
 
 if TYPE_CHECKING:
@@ -142,6 +158,15 @@ def _scripted(model: str, **options: Any) -> Policy:
 _BACKENDS: dict[str, Callable[..., Policy]] = {"hf": _hf, "vllm": _vllm, "scripted": _scripted}
 
 
+class PolicyRequests(NamedTuple):
+    """A :class:`PolicyActor`'s generation requests so far."""
+
+    received: int
+    cancelled: int
+    """Cancelled by their caller (an episode that timed out) before they finished."""
+    in_flight: int
+
+
 @ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
 class PolicyActor:
     """One policy (any backend, see :func:`build_policy`) served from a Ray actor.
@@ -158,10 +183,28 @@ class PolicyActor:
         options: Mapping[str, Any] | None = None,
     ):
         self.policy = build_policy(backend, model, options)
+        self._received = self._cancelled = self._in_flight = 0
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
-        """:meth:`Policy.generate <agentrl.policy.Policy.generate>` on the hosted policy."""
-        return await self.policy.generate(prompt_ids, sampling)
+        """:meth:`Policy.generate <agentrl.policy.Policy.generate>` on the hosted policy.
+
+        ``ray.cancel`` on this call (what :class:`RemotePolicy` does when its episode gives up)
+        cancels the backend's generation, which aborts the request in the engine (vLLM's
+        ``AsyncLLM`` aborts a request whose caller is cancelled).
+        """
+        self._received += 1
+        self._in_flight += 1
+        try:
+            return await self.policy.generate(prompt_ids, sampling)
+        except asyncio.CancelledError:
+            self._cancelled += 1
+            raise
+        finally:
+            self._in_flight -= 1
+
+    async def requests(self) -> PolicyRequests:
+        """How many generations this actor has received, had cancelled, and is running now."""
+        return PolicyRequests(self._received, self._cancelled, self._in_flight)
 
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
         """Load new weights into the hosted policy; return its new version."""
@@ -229,21 +272,31 @@ class RemotePolicy:
 # --- the env workers --------------------------------------------------------------------------------
 
 
+Policies = ActorHandle | Mapping[str, ActorHandle]
+"""One :class:`PolicyActor` (serving policy id ``policy_id``), or one per policy id."""
+Tokenizers = str | Path | Mapping[str, str | Path]
+"""One tokenizer (a path or hub id) for every policy, or one per policy id."""
+
+
 @ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
 class EnvWorker:
-    """A :class:`~agentrl.rollout.RolloutEngine` in a Ray actor, playing the groups it is given.
+    """A rollout engine in a Ray actor, playing the groups it is given.
 
-    Everything it holds is built here from plain values: the envs from ``env_id`` and ``env_kwargs``
-    (through :func:`agentrl.make`), the agent from ``tokenizer`` (a path or hub id) and the env's
-    tools, and the policy as a :class:`RemotePolicy` on the ``policy`` actor. The other arguments
-    are the engine's own; ``concurrency`` bounds the episodes of one :meth:`run` call.
+    For a single-agent env (``agentrl.make``) the engine is a :class:`~agentrl.rollout.RolloutEngine`;
+    for a multi-agent one (registered with :func:`~agentrl.multiagent.register_multiagent`) a
+    :class:`~agentrl.multiagent.MultiAgentRolloutEngine`, each agent's generations going to the
+    actor of its policy id under ``mapping``. Everything else is built here from plain values: the
+    envs from ``env_id`` and ``env_kwargs``, each agent's :class:`~agentrl.agents.chat.ChatAgent`
+    from the tokenizer of its policy and the env's tools, and each policy as a
+    :class:`RemotePolicy` on its actor. The other arguments are the engines' own; ``concurrency``
+    bounds the episodes of one :meth:`run` call.
     """
 
     def __init__(
         self,
-        policy: ActorHandle,
+        policy: Policies,
         env_id: str,
-        tokenizer: str | Path,
+        tokenizer: Tokenizers,
         *,
         env_kwargs: Mapping[str, Any] | None = None,
         system_prompt: str | None = None,
@@ -254,39 +307,80 @@ class EnvWorker:
         concurrency: int = 64,
         seed: int = 0,
         policy_id: str = "default",
+        mapping: MappingPreset | str | Callable[[str], str] = "all",
     ):
-        from transformers import AutoTokenizer
-
         kwargs = dict(env_kwargs or {})
+        actors = dict(policy) if isinstance(policy, Mapping) else {policy_id: policy}
+        tokenizers = _Tokenizers(tokenizer)
+        schedule = dict(group_size=group_size, redundancy=redundancy, concurrency=concurrency, seed=seed)
+        self.engine: GroupScheduler[Any]
+        if env_id in multiagent_ids():
+
+            def make_multi() -> MultiAgentEnv:
+                return make_multiagent(env_id, **kwargs)
+
+            agent_policy = policy_mapping(mapping)
+            probe = make_multi()
+            try:
+                agents = {
+                    agent_id: ChatAgent(
+                        tokenizers.of(agent_policy(agent_id)),
+                        getattr(probe.action_space(agent_id), "tools", ()),
+                        system_prompt=system_prompt,
+                    )
+                    for agent_id in probe.possible_agents
+                }
+            finally:
+                probe.close()
+            self.engine = MultiAgentRolloutEngine(
+                make_multi,
+                agents,
+                {pid: RemotePolicy(actor) for pid, actor in actors.items()},
+                agent_policy,
+                env_id=env_id,
+                sampling=sampling,
+                limits=limits,
+                **schedule,  # type: ignore[arg-type]
+            )
+            self._roster = dict(self.engine.roster)
+            return
+        if policy_id not in actors:
+            raise ValueError(
+                f"{env_id!r} is played by policy {policy_id!r}, but the actors given are for {sorted(actors)}; "
+                f"pass policy={{{policy_id!r}: actor}} or policy_id=..."
+            )
 
         def make_env() -> AgentEnv:
             return cast(AgentEnv, agentrl.make(env_id, **kwargs))
 
-        probe = make_env()
+        probe_env = make_env()
         try:
-            loaded: Any = AutoTokenizer.from_pretrained(str(tokenizer))
-            agent = ChatAgent.from_env(loaded, probe, system_prompt=system_prompt)
+            agent = ChatAgent.from_env(tokenizers.of(policy_id), probe_env, system_prompt=system_prompt)
         finally:
-            probe.close()
+            probe_env.close()
         self.engine = RolloutEngine(
             make_env,
             agent,
-            RemotePolicy(policy),
+            RemotePolicy(actors[policy_id]),
             env_id=env_id,
             sampling=sampling,
             limits=limits,
-            group_size=group_size,
-            redundancy=redundancy,
-            concurrency=concurrency,
-            seed=seed,
             policy_id=policy_id,
+            **schedule,  # type: ignore[arg-type]
         )
+        self._roster = {"agent": policy_id}
 
-    async def run(self, first_group: int, num_groups: int) -> AsyncIterator[Trajectory]:
-        """Play groups ``first_group`` to ``first_group + num_groups - 1``; yield each trajectory as it
-        finishes (Ray streams them to the caller one object each)."""
-        async for trajectory in self.engine.stream(num_groups, first_group=first_group):
-            yield trajectory
+    async def run(self, first_group: int, num_groups: int) -> AsyncIterator[list[Trajectory]]:
+        """Play groups ``first_group`` to ``first_group + num_groups - 1``; yield each episode's
+        trajectories as it finishes (Ray streams each episode to the caller as one object, so a
+        multi-agent episode arrives whole or not at all)."""
+        async for episode in self.engine.stream_episodes(num_groups, first_group=first_group):
+            yield episode
+
+    async def roster(self) -> dict[str, str]:
+        """``{agent_id: policy_id}`` of the agents of every episode (``{"agent": policy_id}`` for a
+        single-agent env)."""
+        return self._roster
 
     async def location(self) -> WorkerLocation:
         """The node and process this worker runs in (waits until it is built)."""
@@ -297,6 +391,25 @@ class EnvWorker:
         self.engine.close()
 
 
+class _Tokenizers:
+    """Loads each tokenizer once; ``of(policy_id)`` is that policy's."""
+
+    def __init__(self, tokenizer: Tokenizers):
+        self.paths = {k: str(v) for k, v in tokenizer.items()} if isinstance(tokenizer, Mapping) else str(tokenizer)
+        self.loaded: dict[str, Any] = {}
+
+    def of(self, policy_id: str) -> Any:
+        from transformers import AutoTokenizer
+
+        if isinstance(self.paths, str):
+            path = self.paths
+        elif policy_id in self.paths:
+            path = self.paths[policy_id]
+        else:
+            raise ValueError(f"No tokenizer for policy {policy_id!r}; tokenizer has {sorted(self.paths)}.")
+        if path not in self.loaded:
+            self.loaded[path] = AutoTokenizer.from_pretrained(path)
+        return self.loaded[path]
 
 
 # --- the controller ---------------------------------------------------------------------------------
@@ -342,7 +455,7 @@ class DistributedResult(NamedTuple):
 
 
 class DistributedRollout:
-    """Plays groups of episodes on ``num_workers`` :class:`EnvWorker` actors sharing one policy actor.
+    """Plays groups of episodes on ``num_workers`` :class:`EnvWorker` actors sharing the policy actors.
 
     The workers start here (a bad env id or tokenizer raises here, not mid-run) and live until
     :meth:`close`. By default Ray spreads them over the nodes (``SPREAD``); ``nodes`` (node ids, see
@@ -351,13 +464,17 @@ class DistributedRollout:
     call, as :class:`~agentrl.rollout.RolloutEngine` does. The engine arguments (``sampling`` to
     ``policy_id``) mean what they mean there; ``concurrency`` is per worker. See the module
     docstring for what happens when a worker dies.
+
+    A multi-agent ``env_id`` plays as :class:`~agentrl.multiagent.MultiAgentRolloutEngine` does:
+    ``policy`` maps each policy id of ``mapping`` to its :class:`PolicyActor` (and ``tokenizer``
+    may map policy ids to their tokenizers), and every episode yields one trajectory per agent.
     """
 
     def __init__(
         self,
-        policy: ActorHandle,
+        policy: Policies,
         env_id: str,
-        tokenizer: str | Path,
+        tokenizer: Tokenizers,
         *,
         num_workers: int = 2,
         nodes: Sequence[str] | None = None,
@@ -372,6 +489,7 @@ class DistributedRollout:
         concurrency: int = 64,
         seed: int = 0,
         policy_id: str = "default",
+        mapping: MappingPreset | str | Callable[[str], str] = "all",
     ):
         if num_workers < 1 or group_size < 1 or redundancy < 0 or concurrency < 1:
             raise ValueError(
@@ -380,6 +498,7 @@ class DistributedRollout:
             )
         if nodes is not None and not nodes:
             raise ValueError("nodes is empty; give at least one node id, or None to let Ray spread the workers.")
+        policy_mapping(mapping)  # an unknown preset fails here, not in every worker
         self.policy = policy
         self.env_id = env_id
         self.seed = seed
@@ -388,7 +507,8 @@ class DistributedRollout:
         self.nodes = list(nodes) if nodes is not None else None
         self.num_cpus_per_worker = num_cpus_per_worker
         self.max_replacements = num_workers if max_replacements is None else max_replacements
-        self._worker_args = (policy, env_id, str(tokenizer))
+        tokenizers = {k: str(v) for k, v in tokenizer.items()} if isinstance(tokenizer, Mapping) else str(tokenizer)
+        self._worker_args = (policy, env_id, tokenizers)
         self._worker_kwargs: dict[str, Any] = dict(
             env_kwargs=dict(env_kwargs or {}),
             system_prompt=system_prompt,
@@ -399,27 +519,41 @@ class DistributedRollout:
             concurrency=concurrency,
             seed=seed,
             policy_id=policy_id,
+            mapping=mapping,
         )
         self.stats = RolloutStats()
         """Counts over every trajectory delivered so far (placeholders included), as the engine keeps."""
+        self.policy_stats: dict[str, RolloutStats] = {}
+        """The same, per policy id."""
+        self.episodes = 0
+        """Episodes delivered so far (placeholders included); one trajectory each per agent."""
+        self.failed_episodes = 0
         self.workers: list[WorkerInfo] = []
         """The current worker of each slot."""
         self.retired: list[WorkerInfo] = []
         """Workers that died and were replaced."""
+        self.roster: dict[str, str] = {}
+        """``{agent_id: policy_id}`` of every episode's agents (``{"agent": policy_id}`` for one agent)."""
+        self.multiagent = env_id in multiagent_ids()
         self._next_group = 0
+        self._seconds = 0.0
         try:
             self.workers = [self._start(slot) for slot in range(num_workers)]
             locations: list[WorkerLocation] = ray.get([w.handle.location.remote() for w in self.workers])
             for worker, (node_id, pid) in zip(self.workers, locations):
                 worker.node_id, worker.pid = node_id, pid
+            self.roster = cast(dict[str, str], ray.get(self.workers[0].handle.roster.remote()))
         except BaseException:
             self.close()
             raise
 
-    async def stream(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> AsyncIterator[Trajectory]:
-        """Play ``num_groups`` groups; yield each trajectory as it arrives (and put it in ``buffer``).
+    async def stream_episodes(
+        self, num_groups: int, buffer: TrajectoryBuffer | None = None
+    ) -> AsyncGenerator[list[Trajectory], None]:
+        """Play ``num_groups`` groups; yield each episode's trajectories as they arrive (and put
+        them in ``buffer``, closing each group there once all its episodes are in).
 
-        Exactly ``num_groups * (group_size + redundancy)`` trajectories come out, whatever dies.
+        Exactly ``num_groups * (group_size + redundancy)`` episodes come out, whatever dies.
         """
         first = self._next_group
         self._next_group += num_groups
@@ -427,6 +561,7 @@ class DistributedRollout:
         per_group = self.episodes_per_group
         index = {group_name(self.env_id, self.seed, g): g for g in range(first, first + num_groups)}
         arrived: Counter[int] = Counter()
+        group_ids: dict[int, set[str]] = {}
         events: asyncio.Queue[tuple[_Unit, Any]] = asyncio.Queue()
         units: list[_Unit] = []
         pumps: list[asyncio.Task[None]] = []
@@ -448,37 +583,45 @@ class DistributedRollout:
                 if item is None:
                     self._check_complete(unit, arrived)
                     continue
-                if isinstance(item, Trajectory):
-                    if item.group_id not in index:
-                        raise RuntimeError(
-                            f"A worker returned group {item.group_id!r}, which is not among the groups "
-                            f"{first}..{first + num_groups - 1} it was given; the worker runs a different "
-                            "agentrl version than the controller."
-                        )
+                if isinstance(item, list):
                     unit.worker.episodes += 1
                     delivered = [item]
                 elif isinstance(item, _DEATHS):
                     delivered = self._recover(unit, item, arrived, replacements, launch)
                 else:
                     raise item
-                for trajectory in delivered:
-                    group = index[trajectory.group_id]
+                for episode in delivered:
+                    group = self._group_of(episode, index, first, num_groups)
                     arrived[group] += 1
                     remaining -= 1
-                    self.stats.add(trajectory)
-                    self.stats.seconds = time.perf_counter() - started
+                    self._count(episode, self._seconds + time.perf_counter() - started)
                     if buffer is not None:
-                        buffer.put(trajectory)
+                        for trajectory in episode:
+                            buffer.put(trajectory)
+                            group_ids.setdefault(group, set()).add(trajectory.group_id)
                         if arrived[group] == per_group:
-                            buffer.close_group(trajectory.group_id)
-                    yield trajectory
+                            for group_id in sorted(group_ids.pop(group, ())):
+                                buffer.close_group(group_id)
+                    yield episode
         finally:
+            self._seconds += time.perf_counter() - started
             for unit, pump in zip(units, pumps):
                 if unit.stream is not None and not pump.done():
                     ray.cancel(unit.stream)  # the caller left early: stop that worker's episodes
             for pump in pumps:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def stream(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> AsyncIterator[Trajectory]:
+        """Play ``num_groups`` groups; yield each trajectory as it arrives (and put it in ``buffer``).
+
+        Exactly ``num_groups * (group_size + redundancy)`` episodes' trajectories come out, one per
+        agent of the roster each, whatever dies.
+        """
+        async with contextlib.aclosing(self.stream_episodes(num_groups, buffer)) as episodes:
+            async for episode in episodes:
+                for trajectory in episode:
+                    yield trajectory
 
     async def collect(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> list[Trajectory]:
         """Play ``num_groups`` groups and return all their trajectories in completion order."""
@@ -542,12 +685,33 @@ class DistributedRollout:
         except Exception as e:  # handed to the controller's loop, which decides what it means
             events.put_nowait((unit, e))
 
+    def _group_of(self, episode: list[Trajectory], index: dict[str, int], first: int, num_groups: int) -> int:
+        """The group number of a delivered episode (its trajectories' group id, less ``/<agent_id>``)."""
+        group_id = episode[0].group_id if episode else ""
+        base = group_id if group_id in index or not self.multiagent else group_id.rsplit("/", 1)[0]
+        if base not in index:
+            raise RuntimeError(
+                f"A worker returned group {group_id!r}, which is not among the groups "
+                f"{first}..{first + num_groups - 1} it was given; the worker runs a different "
+                "agentrl version than the controller."
+            )
+        return index[base]
+
+    def _count(self, episode: list[Trajectory], seconds: float) -> None:
+        self.episodes += 1
+        self.failed_episodes += any(t.error is not None for t in episode)
+        for trajectory in episode:
+            self.stats.add(trajectory)
+            self.policy_stats.setdefault(trajectory.policy_id, RolloutStats()).add(trajectory)
+        for stats in (self.stats, *self.policy_stats.values()):
+            stats.seconds = seconds
+
     def _check_complete(self, unit: _Unit, arrived: Counter[int]) -> None:
         missing = [g for g in range(unit.first, unit.first + unit.count) if arrived[g] < self.episodes_per_group]
         if missing:
             raise RuntimeError(
                 f"Worker {unit.worker.slot}'s stream ended without all episodes of groups {missing}; "
-                "RolloutEngine.stream should yield every episode it starts."
+                "the engine's stream_episodes should yield every episode it starts."
             )
 
     def _recover(
@@ -557,9 +721,10 @@ class DistributedRollout:
         arrived: Counter[int],
         replacements: list[int],
         launch: Callable[[WorkerInfo, int, int], None],
-    ) -> list[Trajectory]:
+    ) -> list[list[Trajectory]]:
         """Account for a dead unit's groups: play the untouched ones again on a replacement if the
-        budget allows, and return ``WorkerDied`` placeholders for every other missing episode."""
+        budget allows, and return ``WorkerDied`` placeholders for every other missing episode (one
+        trajectory per agent of the roster each)."""
         dead = unit.worker
         reason = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no message'}"
         if dead.died is None:
@@ -580,19 +745,25 @@ class DistributedRollout:
         for start, count in _runs(rerun):
             launch(successor, start, count)
         where = f"worker {dead.slot} on node {dead.node_id} (pid {dead.pid})"
+        error_text = f"WorkerDied: {where} died before finishing this episode ({reason})"
         placeholders = []
         for g in groups:
             if g in rerun:
                 continue
+            name = group_name(self.env_id, self.seed, g)
             for _ in range(per_group - arrived[g]):
                 placeholders.append(
-                    Trajectory(
-                        env_id=self.env_id,
-                        policy_id=self.policy_id,
-                        group_id=group_name(self.env_id, self.seed, g),
-                        error=f"WorkerDied: {where} died before finishing this episode ({reason})",
-                        info={"failed_during": "worker", "node_id": dead.node_id},
-                    )
+                    [
+                        Trajectory(
+                            env_id=self.env_id,
+                            agent_id=agent_id,
+                            policy_id=policy_id,
+                            group_id=f"{name}/{agent_id}" if self.multiagent else name,
+                            error=error_text,
+                            info={"failed_during": "worker", "node_id": dead.node_id},
+                        )
+                        for agent_id, policy_id in self.roster.items()
+                    ]
                 )
         return placeholders
 

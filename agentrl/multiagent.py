@@ -32,8 +32,8 @@ import re
 import time
 import warnings
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, overload
 
 import gymnasium as gym
@@ -42,17 +42,19 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import aec_to_parallel, parallel_to_aec
 
 from agentrl.agents.chat import ChatAgent, TrajectoryBuilder
-from agentrl.buffer import TrajectoryBuffer
 from agentrl.policy import Policy, Sampling
 from agentrl.registry import UnknownEnvError, load_plugins
 from agentrl.rollout import (
+    EpisodeClock,
     EpisodeLimits,
+    EpisodeTask,
     EpisodeTimeout,
+    GroupScheduler,
     RolloutStats,
-    close_quietly,
-    group_env_seed,
-    group_name,
+    fit_to_room,
     sample_sampling,
+    timeout_error,
+    turn_sampling_of,
 )
 from agentrl.threads import ENV_THREADS
 from agentrl.types import Message, Trajectory
@@ -263,15 +265,13 @@ async def run_multiagent_episode(
         episode.builder(agent_id)  # a missing agent or policy is a setup error: say so now
     started = time.perf_counter()
     try:
-        async with asyncio.timeout(limits.episode_timeout):
+        async with episode.clock:
             if isinstance(env, AECEnv):
                 await _play_aec(env, episode, seed, options)
             else:
                 await _play_parallel(env, episode, seed, options)
-    except TimeoutError as e:
-        per_turn = isinstance(e, EpisodeTimeout)
-        scope, limit = (episode.phase, limits.turn_timeout) if per_turn else ("episode", limits.episode_timeout)
-        episode.error = f"EpisodeTimeout: the {scope} ran past its limit of {limit} s (during {episode.phase})"
+    except EpisodeTimeout:
+        episode.error = timeout_error(episode.clock, episode.phase)
     except Exception as e:  # one bad episode is counted, never fatal
         episode.error = f"{type(e).__name__}: {e} (during {episode.phase})"
     return episode.finish({"seconds": time.perf_counter() - started, "seed": seed})
@@ -301,6 +301,7 @@ class _Episode:
         self.infos: dict[str, dict[str, Any]] = {}
         self.unassigned: dict[str, float] = {}
         self.phase = "reset"
+        self.clock = EpisodeClock(limits)
         self.error: str | None = None
         self.cut: str | None = None  # why the episode was cut short for everyone
 
@@ -345,16 +346,11 @@ class _Episode:
         return self.cut is not None
 
     async def generate(self, agent_id: str) -> Message:
+        """The agent's next turn (the caller starts the clock: parallel agents share one start)."""
         builder = self.builders[agent_id]
-        room = builder.room_left
-        stop_ids = tuple(dict.fromkeys([*self.sampling.stop_token_ids, *builder.agent.end_of_turn_ids]))
-        sampling = replace(
-            self.sampling,
-            max_tokens=min(self.sampling.max_tokens, room or self.sampling.max_tokens),
-            stop_token_ids=stop_ids,
-        )
+        sampling = fit_to_room(turn_sampling_of(self.sampling, builder.agent), builder.room_left)
         policy = self.policies[self.policy_ids[agent_id]]
-        generation = await _within(policy.generate(builder.token_ids, sampling), self.limits.turn_timeout)
+        generation = await policy.generate(builder.token_ids, sampling)
         self.turns[agent_id] += 1
         reply = builder.add_turn(generation.token_ids, generation.logprobs, generation.version)
         self.pending.add(agent_id)
@@ -405,7 +401,7 @@ class _Episode:
 async def _play_parallel(
     env: ParallelEnv[str, Any, Any], episode: _Episode, seed: int | None, options: dict[str, Any] | None
 ) -> None:
-    observations, infos = await _env_call(functools.partial(env.reset, seed=seed, options=options), episode.limits)
+    observations, infos = await _env_call(functools.partial(env.reset, seed=seed, options=options), episode.clock)
     for agent_id in env.agents:
         episode.begin(agent_id, list(observations.get(agent_id, [])), 0.0, infos.get(agent_id, {}))
     for turn in range(episode.limits.max_turns):
@@ -413,10 +409,11 @@ async def _play_parallel(
         if not live or episode.out_of_room(live):
             return
         episode.phase = f"generate (turn {turn})"
+        episode.clock.start_call()
         replies = await _gather({a: episode.generate(a) for a in live})
         episode.phase = f"step (turn {turn})"
         observations, rewards, terminations, truncations, infos = await _env_call(
-            functools.partial(env.step, replies), episode.limits
+            functools.partial(env.step, replies), episode.clock
         )
         for agent_id in live:
             episode.answer(
@@ -448,7 +445,7 @@ async def _play_aec(
         env.reset(seed=seed, options=options)
         return _selected(env)
 
-    selected = await _env_call(first, episode.limits)
+    selected = await _env_call(first, episode.clock)
     idle = 0  # steps in a row without a generation: finished agents being removed
     while selected is not None:
         agent_id, (observation, reward, terminated, truncated, info) = selected
@@ -474,6 +471,7 @@ async def _play_aec(
                 return
             idle = 0
             episode.phase = f"generate ({agent_id}, turn {turn})"
+            episode.clock.start_call()
             action = await episode.generate(agent_id)
             episode.phase = f"step ({agent_id}, turn {turn})"
 
@@ -481,7 +479,7 @@ async def _play_aec(
             env.step(action)
             return _selected(env)
 
-        selected = await _env_call(advance, episode.limits)
+        selected = await _env_call(advance, episode.clock)
 
 
 def _selected(env: AECEnv[str, Any, Any]) -> tuple[str, tuple[Any, ...]] | None:
@@ -491,18 +489,10 @@ def _selected(env: AECEnv[str, Any, Any]) -> tuple[str, tuple[Any, ...]] | None:
     return env.agent_selection, env.last()
 
 
-async def _env_call(fn: Callable[[], Any], limits: EpisodeLimits) -> Any:
+async def _env_call(fn: Callable[[], Any], clock: EpisodeClock) -> Any:
     # A daemon thread, so an env stuck forever is abandoned at the timeout and never blocks shutdown.
-    return await _within(ENV_THREADS.run(fn), limits.turn_timeout)
-
-
-async def _within(awaitable: Any, timeout: float | None) -> Any:
-    # asyncio.timeout rather than wait_for, which on Python 3.11 costs a new task per call.
-    try:
-        async with asyncio.timeout(timeout):
-            return await awaitable
-    except TimeoutError as e:
-        raise EpisodeTimeout() from e
+    clock.start_call()
+    return await ENV_THREADS.run(fn)
 
 
 async def _gather(calls: Mapping[str, Any]) -> dict[str, Any]:
@@ -521,16 +511,17 @@ async def _gather(calls: Mapping[str, Any]) -> dict[str, Any]:
 # --- many episodes ----------------------------------------------------------------------------
 
 
-class MultiAgentRolloutEngine:
+class MultiAgentRolloutEngine(GroupScheduler[MultiAgentEnv]):
     """Runs groups of multi-agent episodes concurrently, like :class:`~agentrl.rollout.RolloutEngine`.
 
-    Each group plays ``group_size`` (+ ``redundancy``) episodes of the same task (the same env seed);
-    each agent's trajectories of a group share ``group_id`` ``"<env_id>#<seed>-<group>/<agent_id>"``,
-    so a :class:`~agentrl.buffer.TrajectoryBuffer` releases one group per agent. At most
-    ``concurrency`` episodes run at once. ``stats`` counts every trajectory (one per agent per
-    episode), ``policy_stats`` the same per policy id; ``episodes`` / ``failed_episodes`` count
-    episodes. One env is made at construction to check that every agent has a chat agent and a
-    policy.
+    The scheduling is the same :class:`~agentrl.rollout.GroupScheduler`: each group plays
+    ``group_size`` (+ ``redundancy``) episodes of the same task (the same env seed), at most
+    ``concurrency`` at once, and :meth:`stream` / :meth:`stream_episodes` take the same arguments. Each
+    agent's trajectories of a group share ``group_id`` ``"<env_id>#<seed>-<group>/<agent_id>"``,
+    so a :class:`~agentrl.buffer.TrajectoryBuffer` releases one group per agent. ``stats`` counts
+    every trajectory (one per agent per episode), ``policy_stats`` the same per policy id;
+    ``episodes`` / ``failed_episodes`` count episodes. One env is made at construction to check
+    that every agent has a chat agent and a policy.
 
     >>> engine = MultiAgentRolloutEngine(  # doctest: +SKIP
     ...     lambda: make_multiagent("agentrl/Negotiation-v0"), ChatAgent(tokenizer),
@@ -553,121 +544,48 @@ class MultiAgentRolloutEngine:
         concurrency: int = 64,
         seed: int = 0,
     ):
-        if group_size < 1 or redundancy < 0 or concurrency < 1:
-            raise ValueError(
-                f"need group_size >= 1, redundancy >= 0 and concurrency >= 1; got {group_size}, "
-                f"{redundancy} and {concurrency}."
-            )
-        self.make_env, self.agents, self.policies = make_env, agents, dict(policies)
+        super().__init__(
+            make_env, env_id=env_id, group_size=group_size, redundancy=redundancy, concurrency=concurrency, seed=seed
+        )
+        self.agents, self.policies = agents, dict(policies)
         self.mapping = policy_mapping(mapping)
-        self.env_id, self.sampling, self.limits = env_id, sampling, limits
-        self.group_size, self.redundancy, self.concurrency, self.seed = group_size, redundancy, concurrency, seed
+        self.sampling, self.limits = sampling, limits
         self.stats = RolloutStats()
         self.policy_stats: dict[str, RolloutStats] = {}
         self.episodes = 0
         self.failed_episodes = 0
-        self._next_group = 0
         env = make_env()
-        check = _Episode(agents, self.policies, self.mapping, sampling, limits, env_id, "")
+        self.roster = self._roster(env)
+        """``{agent_id: policy_id}`` for every possible agent of the env (checked at construction)."""
+        self._idle_envs.append(env)
+
+    async def play(self, env: MultiAgentEnv, task: EpisodeTask) -> list[Trajectory]:
+        """One :func:`run_multiagent_episode`; its trajectories in agent order."""
+        trajectories = await run_multiagent_episode(
+            env,
+            self.agents,
+            self.policies,
+            self.mapping,
+            sample_sampling(self.sampling, task.env_seed, task.sample),
+            self.limits,
+            seed=task.env_seed,
+            env_id=self.env_id,
+            group_id=task.group_id,
+        )
+        return list(trajectories.values())
+
+    def count(self, episode: Sequence[Trajectory], seconds: float) -> None:
+        """Count the episode and add its trajectories to :attr:`stats` and :attr:`policy_stats`."""
+        self.episodes += 1
+        self.failed_episodes += any(t.error is not None for t in episode)
+        for trajectory in episode:
+            self.stats.add(trajectory)
+            self.policy_stats.setdefault(trajectory.policy_id, RolloutStats()).add(trajectory)
+        for stats in (self.stats, *self.policy_stats.values()):
+            stats.seconds = seconds
+
+    def _roster(self, env: MultiAgentEnv) -> dict[str, str]:
+        check = _Episode(self.agents, self.policies, self.mapping, self.sampling, self.limits, self.env_id, "")
         for agent_id in getattr(env, "possible_agents", None) or []:
             check.builder(agent_id)
-        self._idle_envs: list[MultiAgentEnv] = [env]
-
-    async def stream(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> AsyncIterator[Trajectory]:
-        """Play ``num_groups`` groups; yield each trajectory as its episode finishes (and put it in
-        ``buffer``)."""
-        slots = asyncio.Semaphore(self.concurrency)
-        done: asyncio.Queue[dict[str, Trajectory] | Exception] = asyncio.Queue()
-        started = time.perf_counter()
-        tasks = []
-        for _ in range(num_groups):
-            tasks.append(asyncio.create_task(self._run_group(self._next_group, slots, done, buffer)))
-            self._next_group += 1
-        try:
-            for _ in range(num_groups * (self.group_size + self.redundancy)):
-                trajectories = await done.get()
-                if isinstance(trajectories, Exception):  # a setup error (see _run_group), not a fault
-                    raise trajectories
-                self.episodes += 1
-                self.failed_episodes += any(t.error is not None for t in trajectories.values())
-                for trajectory in trajectories.values():
-                    self.stats.add(trajectory)
-                    self.policy_stats.setdefault(trajectory.policy_id, RolloutStats()).add(trajectory)
-                for stats in (self.stats, *self.policy_stats.values()):
-                    stats.seconds = time.perf_counter() - started
-                for trajectory in trajectories.values():
-                    yield trajectory
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def collect(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> list[Trajectory]:
-        """Play ``num_groups`` groups and return all their trajectories in completion order."""
-        return [t async for t in self.stream(num_groups, buffer)]
-
-    def close(self) -> None:
-        """Close the idle envs."""
-        for env in self._idle_envs:
-            close_quietly(env)
-        self._idle_envs.clear()
-
-    async def _run_group(
-        self,
-        group: int,
-        slots: asyncio.Semaphore,
-        done: asyncio.Queue[dict[str, Trajectory] | Exception],
-        buffer: TrajectoryBuffer | None,
-    ) -> None:
-        try:
-            await self._play_group(group, slots, done, buffer)
-        except Exception as e:  # episodes never raise, so this is a setup error: hand it to stream()
-            done.put_nowait(e)
-
-    async def _play_group(
-        self,
-        group: int,
-        slots: asyncio.Semaphore,
-        done: asyncio.Queue[dict[str, Trajectory] | Exception],
-        buffer: TrajectoryBuffer | None,
-    ) -> None:
-        group_id = group_name(self.env_id, self.seed, group)
-        env_seed = group_env_seed(self.seed, group)
-        episodes = [
-            asyncio.create_task(self._run_one(group_id, env_seed, sample, slots))
-            for sample in range(self.group_size + self.redundancy)
-        ]
-        agent_groups: set[str] = set()
-        for finished in asyncio.as_completed(episodes):
-            trajectories = await finished
-            for trajectory in trajectories.values():
-                agent_groups.add(trajectory.group_id)
-                if buffer is not None:
-                    buffer.put(trajectory)
-            done.put_nowait(trajectories)
-        if buffer is not None:
-            for agent_group in sorted(agent_groups):
-                buffer.close_group(agent_group)
-
-    async def _run_one(
-        self, group_id: str, env_seed: int, sample: int, slots: asyncio.Semaphore
-    ) -> dict[str, Trajectory]:
-        async with slots:
-            env = self._idle_envs.pop() if self._idle_envs else self.make_env()
-            trajectories = await run_multiagent_episode(
-                env,
-                self.agents,
-                self.policies,
-                self.mapping,
-                sample_sampling(self.sampling, env_seed, sample),
-                self.limits,
-                seed=env_seed,
-                env_id=self.env_id,
-                group_id=group_id,
-            )
-            if all(t.error is None for t in trajectories.values()):
-                self._idle_envs.append(env)
-            else:  # it may be wedged in a thread; a fresh one plays the next episode
-                close_quietly(env)
-            return trajectories
-
+        return dict(check.policy_ids)

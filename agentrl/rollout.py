@@ -5,6 +5,11 @@ answer, repeat. The :class:`RolloutEngine` runs many of them concurrently. A slo
 episode never blocks another: env calls go through ``areset`` / ``astep`` (a thread unless the env
 is natively async), and the policy batches the concurrent generation requests.
 
+How groups of episodes are scheduled (numbering, env seeds, concurrency, reusing envs, filling a
+:class:`~agentrl.buffer.TrajectoryBuffer`) is :class:`GroupScheduler`, shared with the multi-agent
+engine (:class:`~agentrl.multiagent.MultiAgentRolloutEngine`): an engine only says how one episode
+is played and counted.
+
 Nothing one episode does can stop the run. An env that raises, an env or a policy that runs past
 its time limit, or a context that fills up ends *that* episode: its trajectory comes back with
 ``error`` (for failures) or ``truncated`` (for limits) set, and the engine counts it. An env that
@@ -15,11 +20,12 @@ a thread that cannot be killed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections import Counter, deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from agentrl.agents.chat import ChatAgent, TrajectoryBuilder
 from agentrl.buffer import TrajectoryBuffer
@@ -46,6 +52,89 @@ class EpisodeTimeout(TimeoutError):
     """An env call, a generation or a whole episode ran past its time limit."""
 
 
+class EpisodeClock:
+    """An episode's two time limits (per awaited call, and in all) as one asyncio timeout scope.
+
+    Use it as ``async with clock:`` around the episode and call :meth:`start_call` before each
+    awaited env call or generation; when a limit passes, the awaited call is cancelled and the
+    ``async with`` raises :class:`EpisodeTimeout`, with :attr:`expired` saying which limit it was.
+
+    Why not one ``asyncio.timeout`` per call: each costs a scope object and a timer scheduled and
+    cancelled, about 10 µs, twice per turn (``benchmarks/rollout_overhead.py``). Here a call's
+    deadline is a number; one timer checks the current deadline when it fires and re-arms itself
+    if the deadline has moved on. Each call's deadline ("now + turn_timeout", capped by the
+    episode's) is later than the last one's, so the timer only has to be moved earlier once, at
+    the first call, from the episode's end.
+    """
+
+    def __init__(self, limits: EpisodeLimits):
+        self.turn_timeout = limits.turn_timeout
+        self.episode_timeout = limits.episode_timeout
+        self.expired: str | None = None
+        """``"turn"`` or ``"episode"`` once a limit has passed, else ``None``."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scope: asyncio.Timeout | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._deadline: float | None = None
+        self._episode_end: float | None = None
+
+    async def __aenter__(self) -> EpisodeClock:
+        self._loop = asyncio.get_running_loop()
+        self._scope = asyncio.timeout(None)
+        await self._scope.__aenter__()
+        if self.episode_timeout is not None:
+            self._episode_end = self._deadline = self._loop.time() + self.episode_timeout
+            self._arm(self._episode_end)
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: Any) -> bool | None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        assert self._scope is not None
+        try:
+            await self._scope.__aexit__(kind, error, tb)
+        except TimeoutError as e:
+            if self.expired is None:  # not ours (asyncio only converts its own cancellation)
+                raise
+            limit = self.episode_timeout if self.expired == "episode" else self.turn_timeout
+            raise EpisodeTimeout(f"the {self.expired} limit of {limit} s passed") from e
+        return None
+
+    def start_call(self) -> None:
+        """The next awaited call starts now: it may take ``turn_timeout`` seconds (within the
+        episode's limit)."""
+        if self.turn_timeout is None:
+            return  # only the episode's own deadline, already armed
+        assert self._loop is not None
+        deadline = self._loop.time() + self.turn_timeout
+        if self._episode_end is not None and self._episode_end < deadline:
+            deadline = self._episode_end
+        self._deadline = deadline
+        if self._timer is None or deadline < self._timer_at:
+            self._arm(deadline)
+
+    def _arm(self, when: float) -> None:
+        assert self._loop is not None
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = self._loop.call_at(when, self._check), when
+
+    def _check(self) -> None:
+        assert self._loop is not None and self._scope is not None
+        self._timer = None
+        now = self._loop.time()
+        if self._deadline is None:
+            return
+        if now < self._deadline:  # the deadline moved on since this timer was set
+            self._arm(self._deadline)
+            return
+        ended = self._episode_end is not None and now >= self._episode_end
+        self.expired = "episode" if ended else "turn"
+        self._scope.reschedule(now)  # cancels whatever the episode awaits
+
+
 async def run_episode(
     env: AgentEnv,
     agent: ChatAgent,
@@ -69,20 +158,24 @@ async def run_episode(
     )
     started = time.perf_counter()
     state = _EpisodeState()
+    clock = EpisodeClock(limits)
     try:
-        async with asyncio.timeout(limits.episode_timeout):
-            await _play(env, builder, policy, sampling, limits, seed, options, state)
-    except TimeoutError as e:
-        where = state.phase
-        limit = limits.episode_timeout if not isinstance(e, EpisodeTimeout) else limits.turn_timeout
-        scope = "episode" if not isinstance(e, EpisodeTimeout) else where
-        state.error = f"EpisodeTimeout: the {scope} ran past its limit of {limit} s (during {where})"
+        async with clock:
+            await _play(env, builder, policy, sampling, limits, seed, options, state, clock)
+    except EpisodeTimeout:
+        state.error = timeout_error(clock, state.phase)
     except Exception as e:  # one bad episode is counted, never fatal
         state.error = f"{type(e).__name__}: {e} (during {state.phase})"
     info = {**state.info, "seconds": time.perf_counter() - started, "seed": seed}
     if state.error is not None:
         info["failed_during"] = state.phase
-    return _finish(builder, state, info)
+    return builder.finish(terminated=state.terminated, truncated=state.truncated, error=state.error, info=info)
+
+
+def timeout_error(clock: EpisodeClock, phase: str) -> str:
+    """The ``error`` of an episode whose ``clock`` ran out during ``phase``."""
+    scope, limit = ("episode", clock.episode_timeout) if clock.expired == "episode" else (phase, clock.turn_timeout)
+    return f"EpisodeTimeout: the {scope} ran past its limit of {limit} s (during {phase})"
 
 
 @dataclass
@@ -92,7 +185,6 @@ class _EpisodeState:
     truncated: bool = False
     error: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
-    final_reward: float = 0.0
 
 
 async def _play(
@@ -104,23 +196,24 @@ async def _play(
     seed: int | None,
     options: dict[str, Any] | None,
     state: _EpisodeState,
+    clock: EpisodeClock,
 ) -> None:
-    observation, _ = await _within(env.areset(seed=seed, options=options), limits.turn_timeout)
+    clock.start_call()
+    observation, _ = await env.areset(seed=seed, options=options)
     builder.start(observation)
-    stop_ids = tuple(dict.fromkeys([*sampling.stop_token_ids, *builder.agent.end_of_turn_ids]))
+    turn_sampling = turn_sampling_of(sampling, builder.agent)
     for turn in range(limits.max_turns):
         room = builder.room_left
         if room is not None and room <= 0:
             state.truncated, state.info["truncated_by"] = True, "max_length"
             return
-        turn_sampling = replace(
-            sampling, max_tokens=min(sampling.max_tokens, room or sampling.max_tokens), stop_token_ids=stop_ids
-        )
         state.phase = f"generate (turn {turn})"
-        generation = await _within(policy.generate(builder.token_ids, turn_sampling), limits.turn_timeout)
+        clock.start_call()
+        generation = await policy.generate(builder.token_ids, fit_to_room(turn_sampling, room))
         reply = builder.add_turn(generation.token_ids, generation.logprobs, generation.version)
         state.phase = f"step (turn {turn})"
-        result = await _within(env.astep(reply), limits.turn_timeout)
+        clock.start_call()
+        result = await env.astep(reply)
         state.info.update(result.info)
         if result.terminated or result.truncated:
             # The last answer is kept in the conversation but not tokenised: nothing follows it.
@@ -137,20 +230,15 @@ async def _play(
     state.truncated, state.info["truncated_by"] = True, "max_turns"
 
 
-async def _within(awaitable: Any, timeout: float | None) -> Any:
-    # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs every call in a new task, about
-    # 4x the cost (40 µs against 11 µs here, twice per turn; benchmarks/rollout_overhead.py).
-    try:
-        async with asyncio.timeout(timeout):
-            return await awaitable
-    except TimeoutError as e:
-        raise EpisodeTimeout() from e
+def turn_sampling_of(sampling: Sampling, agent: ChatAgent) -> Sampling:
+    """``sampling`` for an agent's turns: it also stops on the agent's end-of-turn token."""
+    stop_ids = tuple(dict.fromkeys([*sampling.stop_token_ids, *agent.end_of_turn_ids]))
+    return sampling if stop_ids == tuple(sampling.stop_token_ids) else replace(sampling, stop_token_ids=stop_ids)
 
 
-def _finish(builder: TrajectoryBuilder, state: _EpisodeState, info: dict[str, Any]) -> Trajectory:
-    return builder.finish(
-        terminated=state.terminated, truncated=state.truncated, error=state.error, info=info
-    )
+def fit_to_room(sampling: Sampling, room: int | None) -> Sampling:
+    """``sampling`` with ``max_tokens`` cut to the ``room`` left in the context, if it is less."""
+    return sampling if room is None or room >= sampling.max_tokens else replace(sampling, max_tokens=room)
 
 
 @dataclass
@@ -193,13 +281,195 @@ class RolloutStats:
         }
 
 
-class RolloutEngine:
-    """Runs groups of episodes concurrently against one policy.
+# --- groups of episodes -------------------------------------------------------------------------
+
+
+class EpisodeTask(NamedTuple):
+    """Which episode to play: sample ``sample`` of group number ``group``."""
+
+    group: int
+    group_id: str
+    """The group's id (:func:`group_name`); a multi-agent engine appends ``/<agent_id>``."""
+    env_seed: int
+    """The seed every episode of the group resets its env with (:func:`group_env_seed`)."""
+    sample: int
+    """Which of the group's ``group_size + redundancy`` episodes this is."""
+
+
+EnvT = TypeVar("EnvT")
+
+
+class GroupScheduler(Generic[EnvT]):
+    """Plays groups of episodes concurrently: the scheduling every rollout engine shares.
 
     Each group plays ``group_size`` episodes of the same task (the same env seed) with independent
-    samples; they share a ``group_id``. With ``redundancy`` > 0 a group starts that many extra
+    samples; they share a group id. With ``redundancy`` > 0 a group starts that many extra
     episodes, and the :class:`~agentrl.buffer.TrajectoryBuffer` keeps the first ``group_size`` to
-    finish. At most ``concurrency`` episodes run at once.
+    finish. At most ``concurrency`` episodes run at once, started in group order; finished envs
+    are kept for later episodes, failed ones closed.
+
+    An engine subclasses this and says how one episode is played (:meth:`play`, one or several
+    trajectories) and how it is counted (:meth:`count`); everything else is here.
+    """
+
+    def __init__(
+        self,
+        make_env: Callable[[], EnvT],
+        *,
+        env_id: str = "",
+        group_size: int = 1,
+        redundancy: int = 0,
+        concurrency: int = 64,
+        seed: int = 0,
+    ):
+        if group_size < 1 or redundancy < 0 or concurrency < 1:
+            raise ValueError(
+                f"need group_size >= 1, redundancy >= 0 and concurrency >= 1; got {group_size}, "
+                f"{redundancy} and {concurrency}."
+            )
+        self.make_env = make_env
+        self.env_id = env_id
+        self.group_size = group_size
+        self.redundancy = redundancy
+        self.concurrency = concurrency
+        self.seed = seed
+        self._idle_envs: list[EnvT] = []
+        self._next_group = 0
+        self._seconds = 0.0  # the rollout time of earlier calls, for the stats' tokens/s
+
+    async def play(self, env: EnvT, task: EpisodeTask) -> Sequence[Trajectory]:
+        """Play one episode in ``env``; return its trajectories. Faults belong in the trajectories'
+        ``error``; an exception here is a setup error, raised to the caller of :meth:`stream`."""
+        raise NotImplementedError(f"{type(self).__name__} must implement play(env, task).")
+
+    def count(self, episode: Sequence[Trajectory], seconds: float) -> None:
+        """Count a finished episode; ``seconds`` is the rollout time so far, all calls together."""
+
+    def group_id(self, group: int) -> str:
+        """The id of group number ``group`` (its env seed follows from the number too)."""
+        return group_name(self.env_id, self.seed, group)
+
+    async def stream_episodes(
+        self,
+        num_groups: int | None = None,
+        buffer: TrajectoryBuffer | None = None,
+        first_group: int | None = None,
+        groups: Iterable[int] | None = None,
+    ) -> AsyncGenerator[list[Trajectory], None]:
+        """Play ``num_groups`` groups; yield each episode's trajectories as it finishes (and put
+        them in ``buffer``, closing each group there once all its episodes are in).
+
+        Groups are numbered on from the previous call, or from ``first_group`` when given (a
+        distributed controller hands each worker its own range). ``groups`` names the group numbers
+        outright instead (a resumed trainer replays exactly the groups it has not trained on).
+        """
+        numbers = self._numbers(num_groups, first_group, groups)
+        per_group = self.group_size + self.redundancy
+        todo = deque(
+            EpisodeTask(g, self.group_id(g), group_env_seed(self.seed, g), sample)
+            for g in numbers
+            for sample in range(per_group)
+        )
+        total = len(todo)
+        left = dict.fromkeys(numbers, per_group)
+        group_ids: dict[int, set[str]] = {g: set() for g in numbers}
+        done: asyncio.Queue[list[Trajectory] | Exception] = asyncio.Queue()
+
+        # `concurrency` workers, each playing episodes one after another, rather than a task per
+        # episode waiting on a semaphore: the same order and concurrency, a fraction of the tasks.
+        async def worker() -> None:
+            while todo:
+                task = todo.popleft()
+                try:
+                    episode = await self._play_one(task)
+                except Exception as e:  # a setup error (see play): hand it to the caller
+                    done.put_nowait(e)
+                    return
+                if buffer is not None:
+                    for trajectory in episode:
+                        buffer.put(trajectory)
+                        group_ids[task.group].add(trajectory.group_id)
+                    left[task.group] -= 1
+                    if not left[task.group]:
+                        for group_id in sorted(group_ids.pop(task.group)):
+                            buffer.close_group(group_id)
+                done.put_nowait(episode)
+
+        workers = [asyncio.create_task(worker()) for _ in range(min(self.concurrency, total))]
+        started = time.perf_counter()
+        try:
+            for _ in range(total):
+                item = await done.get()
+                if isinstance(item, Exception):
+                    raise item
+                self.count(item, self._seconds + time.perf_counter() - started)
+                yield item
+        finally:
+            self._seconds += time.perf_counter() - started
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, return_exceptions=True)
+
+    async def stream(
+        self,
+        num_groups: int | None = None,
+        buffer: TrajectoryBuffer | None = None,
+        first_group: int | None = None,
+        groups: Iterable[int] | None = None,
+    ) -> AsyncIterator[Trajectory]:
+        """Play ``num_groups`` groups; yield each trajectory as its episode finishes (and put it in
+        ``buffer``). The arguments are those of :meth:`stream_episodes`."""
+        async with contextlib.aclosing(self.stream_episodes(num_groups, buffer, first_group, groups)) as episodes:
+            async for episode in episodes:
+                for trajectory in episode:
+                    yield trajectory
+
+    async def collect(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> list[Trajectory]:
+        """Play ``num_groups`` groups and return all their trajectories in completion order."""
+        return [t async for t in self.stream(num_groups, buffer)]
+
+    def close(self) -> None:
+        """Close the idle envs."""
+        for env in self._idle_envs:
+            close_quietly(env)
+        self._idle_envs.clear()
+
+    def _numbers(self, num_groups: int | None, first_group: int | None, groups: Iterable[int] | None) -> list[int]:
+        if (num_groups is None) == (groups is None):
+            raise ValueError("pass exactly one of num_groups and groups.")
+        if groups is not None:
+            numbers = list(groups)
+            if len(set(numbers)) != len(numbers):
+                repeated = sorted(g for g, n in Counter(numbers).items() if n > 1)
+                raise ValueError(f"groups must be distinct group numbers; {repeated} appear more than once.")
+            return numbers
+        assert num_groups is not None
+        if first_group is not None:
+            self._next_group = first_group
+        numbers = list(range(self._next_group, self._next_group + num_groups))
+        self._next_group += num_groups
+        return numbers
+
+    async def _play_one(self, task: EpisodeTask) -> list[Trajectory]:
+        env = self._idle_envs.pop() if self._idle_envs else self.make_env()
+        try:
+            episode = list(await self.play(env, task))
+        except BaseException:
+            close_quietly(env)
+            raise
+        if all(t.error is None for t in episode):
+            self._idle_envs.append(env)
+        else:  # it may be wedged in a thread; a fresh one plays the next episode
+            close_quietly(env)
+        return episode
+
+
+class RolloutEngine(GroupScheduler[AgentEnv]):
+    """Runs groups of episodes of a single-agent env concurrently against one policy.
+
+    The scheduling (groups, ``redundancy``, ``concurrency``, :meth:`stream` and its arguments) is
+    :class:`GroupScheduler`'s; each episode is :func:`run_episode` with the group's env seed and
+    the sample's own sampler seed (:func:`sample_sampling`).
 
     >>> engine = RolloutEngine(lambda: agentrl.make("agentrl/Calculator-v0"), agent, policy)  # doctest: +SKIP
     >>> trajectories = asyncio.run(engine.collect(num_groups=8))  # doctest: +SKIP
@@ -220,114 +490,36 @@ class RolloutEngine:
         seed: int = 0,
         policy_id: str = "default",
     ):
-        if group_size < 1 or redundancy < 0 or concurrency < 1:
-            raise ValueError(
-                f"need group_size >= 1, redundancy >= 0 and concurrency >= 1; got {group_size}, "
-                f"{redundancy} and {concurrency}."
-            )
-        self.make_env = make_env
+        super().__init__(
+            make_env, env_id=env_id, group_size=group_size, redundancy=redundancy, concurrency=concurrency, seed=seed
+        )
         self.agent = agent
         self.policy = policy
-        self.env_id = env_id
         self.sampling = sampling
         self.limits = limits
-        self.group_size = group_size
-        self.redundancy = redundancy
-        self.concurrency = concurrency
-        self.seed = seed
         self.policy_id = policy_id
         self.stats = RolloutStats()
-        self._idle_envs: list[AgentEnv] = []
-        self._next_group = 0
 
-    def group_id(self, group: int) -> str:
-        """The id of group number ``group`` (its env seed follows from the number too)."""
-        return group_name(self.env_id, self.seed, group)
+    async def play(self, env: AgentEnv, task: EpisodeTask) -> list[Trajectory]:
+        """One :func:`run_episode`."""
+        trajectory = await run_episode(
+            env,
+            self.agent,
+            self.policy,
+            sample_sampling(self.sampling, task.env_seed, task.sample),
+            self.limits,
+            seed=task.env_seed,
+            env_id=self.env_id,
+            group_id=task.group_id,
+            policy_id=self.policy_id,
+        )
+        return [trajectory]
 
-    async def stream(
-        self,
-        num_groups: int | None = None,
-        buffer: TrajectoryBuffer | None = None,
-        first_group: int | None = None,
-        groups: Iterable[int] | None = None,
-    ) -> AsyncIterator[Trajectory]:
-        """Play ``num_groups`` groups; yield each trajectory as it finishes (and put it in ``buffer``).
-
-        Groups are numbered on from the previous call, or from ``first_group`` when given (a
-        distributed controller hands each worker its own range). ``groups`` names the group numbers
-        outright instead (a resumed trainer replays exactly the groups it has not trained on).
-        """
-        if (num_groups is None) == (groups is None):
-            raise ValueError("pass exactly one of num_groups and groups.")
-        slots = asyncio.Semaphore(self.concurrency)
-        done: asyncio.Queue[Trajectory] = asyncio.Queue()
-        started = time.perf_counter()
-        if groups is None:
-            if first_group is not None:
-                self._next_group = first_group
-            groups = range(self._next_group, self._next_group + num_groups)
-            self._next_group += num_groups
-        groups = list(groups)
-        num_groups = len(groups)
-        tasks = [asyncio.create_task(self._run_group(group, slots, done, buffer)) for group in groups]
-        expected = num_groups * (self.group_size + self.redundancy)
-        try:
-            for _ in range(expected):
-                trajectory = await done.get()
-                self.stats.add(trajectory)
-                self.stats.seconds = time.perf_counter() - started
-                yield trajectory
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def collect(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> list[Trajectory]:
-        """Play ``num_groups`` groups and return all their trajectories in completion order."""
-        return [t async for t in self.stream(num_groups, buffer)]
-
-    def close(self) -> None:
-        """Close the idle envs."""
-        for env in self._idle_envs:
-            close_quietly(env)
-        self._idle_envs.clear()
-
-    async def _run_group(
-        self, group: int, slots: asyncio.Semaphore, done: asyncio.Queue[Trajectory], buffer: TrajectoryBuffer | None
-    ) -> None:
-        group_id = self.group_id(group)
-        env_seed = group_env_seed(self.seed, group)
-        episodes = [
-            asyncio.create_task(self._run_one(group_id, env_seed, sample, slots))
-            for sample in range(self.group_size + self.redundancy)
-        ]
-        for finished in asyncio.as_completed(episodes):
-            trajectory = await finished
-            if buffer is not None:
-                buffer.put(trajectory)
-            done.put_nowait(trajectory)
-        if buffer is not None:
-            buffer.close_group(group_id)
-
-    async def _run_one(self, group_id: str, env_seed: int, sample: int, slots: asyncio.Semaphore) -> Trajectory:
-        async with slots:
-            env = self._idle_envs.pop() if self._idle_envs else self.make_env()
-            trajectory = await run_episode(
-                env,
-                self.agent,
-                self.policy,
-                sample_sampling(self.sampling, env_seed, sample),
-                self.limits,
-                seed=env_seed,
-                env_id=self.env_id,
-                group_id=group_id,
-                policy_id=self.policy_id,
-            )
-            if trajectory.error is None:
-                self._idle_envs.append(env)
-            else:  # it may be wedged in a thread; a fresh one plays the next episode
-                close_quietly(env)
-            return trajectory
+    def count(self, episode: Sequence[Trajectory], seconds: float) -> None:
+        """Add the trajectory to :attr:`stats`."""
+        for trajectory in episode:
+            self.stats.add(trajectory)
+        self.stats.seconds = seconds
 
 
 def group_name(env_id: str, seed: int, group: int) -> str:

@@ -32,9 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # transformers is imported only when a tokenizer is built
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
     from agentrl.policy import Generation, Sampling
+    from agentrl.types import Trajectory
 
 #: The size of the tiny tokenizer's vocabulary, special tokens included. Build tiny models with
 #: exactly this many embeddings.
@@ -248,14 +249,51 @@ def build_tiny_model(save_dir: str | Path, *, layers: int = 2, hidden: int = 128
     return Path(save_dir)
 
 
+def reference_model(path: str | Path) -> PreTrainedModel:
+    """The checkpoint at ``path`` in transformers, fp32, in eval mode: the independent reference
+    that a backend's log-probs are checked against."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def reference_logprobs(model: PreTrainedModel, token_ids: Sequence[int]) -> list[float]:
+    """The log-prob of each of ``token_ids`` given the ones before it, by one forward pass of
+    ``model`` (0.0 for the first token, which has nothing before it)."""
+    import torch
+
+    ids = torch.tensor([list(token_ids)])
+    with torch.no_grad():
+        logits = model(ids).logits.float()
+    return [0.0, *logits.log_softmax(-1)[0, :-1].gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()]
+
+
+def max_logprob_gap(model: PreTrainedModel, trajectories: Iterable[Trajectory]) -> float:
+    """The largest difference between a trajectory's recorded log-prob and :func:`reference_logprobs`,
+    over every generated token (loss mask 1) of ``trajectories``.
+
+    Raises ``ValueError`` if there is no generated token to compare: a check over nothing passes
+    whatever the backend does.
+    """
+    gaps = []
+    for trajectory in trajectories:
+        expected = reference_logprobs(model, trajectory.token_ids)
+        gaps += [abs(a - b) for a, b, m in zip(trajectory.logprobs, expected, trajectory.loss_mask) if m]
+    if not gaps:
+        raise ValueError("max_logprob_gap got no generated tokens to compare.")
+    return max(gaps)
+
+
 class ScriptedPolicy:
     """A :class:`~agentrl.policy.Policy` that answers from a script instead of a model.
 
     For tests of the machinery around a policy and for overhead benchmarks, never as a stand-in
     for a real engine. ``reply`` maps the decoded prompt to the completion text (or is a fixed
-    text); ``delay`` (seconds, or a function of the call number) simulates generation time. Every
-    token gets log-prob ``-1.0``; a completion ends with the end-of-turn ids unless ``max_tokens``
-    cuts it first.
+    text); ``delay`` simulates generation time: seconds, the seconds of the first calls in order (0
+    after them; unlike a function, a list pickles into a Ray actor), or a function of the call
+    number. Every token gets log-prob ``-1.0``; a completion ends with the end-of-turn ids unless
+    ``max_tokens`` cuts it first.
     """
 
     def __init__(
@@ -264,7 +302,7 @@ class ScriptedPolicy:
         reply: str | Callable[[str], str],
         *,
         end_of_turn_ids: Sequence[int] = (),
-        delay: float | Callable[[int], float] = 0.0,
+        delay: float | Sequence[float] | Callable[[int], float] = 0.0,
         decode_prompt: bool = True,
     ):
         self.tokenizer = tokenizer
@@ -291,11 +329,16 @@ class ScriptedPolicy:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            delay = self.delay(call) if callable(self.delay) else self.delay
+            if callable(self.delay):
+                delay = self.delay(call)
+            elif isinstance(self.delay, Sequence):
+                delay = self.delay[call] if call < len(self.delay) else 0.0
+            else:
+                delay = self.delay
             if delay:
                 await asyncio.sleep(delay)
             if callable(self.reply):
-                prompt = self.tokenizer.decode(list(prompt_ids)) if self.decode_prompt else ""
+                prompt = str(self.tokenizer.decode(list(prompt_ids))) if self.decode_prompt else ""
                 text = self.reply(prompt)
             else:
                 text = self.reply

@@ -300,6 +300,27 @@ def test_engine_groups_agents_and_runs_episodes_concurrently(tiny_tokenizer):
     assert engine.episodes == 4 and engine.stats.episodes == 8 and set(engine.policy_stats) == {"default"}
 
 
+def test_engine_streams_whole_episodes_of_the_groups_it_is_given(tiny_tokenizer):
+    policies = {a: ScriptedPolicy(tiny_tokenizer, GIVE) for a in ("trader_0", "trader_1")}
+    engine = MultiAgentRolloutEngine(
+        lambda: make_multiagent(NEGOTIATION), ChatAgent(tiny_tokenizer), policies, "individual", env_id="tests/Neg"
+    )
+    assert engine.roster == {"trader_0": "trader_0", "trader_1": "trader_1"}
+
+    async def play(**kwargs):
+        return [episode async for episode in engine.stream_episodes(**kwargs)]
+
+    episodes = asyncio.run(play(groups=[5, 2]))
+    assert sorted(tuple(t.group_id for t in e) for e in episodes) == [
+        (f"tests/Neg#0-{g}/trader_0", f"tests/Neg#0-{g}/trader_1") for g in (2, 5)
+    ]
+    assert all(t.error is None and t.policy_id == t.agent_id for e in episodes for t in e)
+    # The numbering of num_groups calls is not moved by named groups, and goes on from first_group.
+    assert [e[0].group_id for e in asyncio.run(play(num_groups=1))] == ["tests/Neg#0-0/trader_0"]
+    assert [e[0].group_id for e in asyncio.run(play(num_groups=1, first_group=9))] == ["tests/Neg#0-9/trader_0"]
+    assert engine.episodes == 4 and engine.stats.episodes == 8
+
+
 def test_engine_raises_setup_errors_instead_of_counting_them(tiny_tokenizer):
     agents = {a: ChatAgent(tiny_tokenizer) for a in ("trader_0", "trader_1")}
     policy = {"default": ScriptedPolicy(tiny_tokenizer, GIVE)}

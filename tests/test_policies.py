@@ -11,15 +11,8 @@ from agentrl.agents import ChatAgent  # noqa: E402
 from agentrl.policies.hf import HFPolicy  # noqa: E402
 from agentrl.policy import Policy, Sampling  # noqa: E402
 from agentrl.rollout import EpisodeLimits, RolloutEngine  # noqa: E402
-
-
-def reference_logprobs(model, trajectory):
-    """Log-probs of every token under an independent transformers forward pass."""
-    ids = torch.tensor([trajectory.token_ids])
-    with torch.no_grad():
-        logits = model(ids).logits.float()
-    logprobs = logits.log_softmax(-1)[0, :-1].gather(-1, ids[0, 1:, None]).squeeze(-1)
-    return [0.0] + logprobs.tolist()
+from agentrl.testing import max_logprob_gap, reference_logprobs, reference_model  # noqa: E402
+from agentrl.types import Trajectory  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -29,13 +22,32 @@ def hf_policy(tiny_model_dir):
     policy.close()
 
 
+def test_the_reference_log_probs_and_the_gap_at_generated_tokens(tiny_model_dir, tiny_tokenizer):
+    model = reference_model(tiny_model_dir)
+    ids = tiny_tokenizer.encode("<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n5<|im_end|>")
+    expected = reference_logprobs(model, ids)
+    # The mean of the next-token log-probs is minus transformers' own language-modelling loss.
+    with torch.no_grad():
+        loss = model(torch.tensor([ids]), labels=torch.tensor([ids])).loss.item()
+    assert len(expected) == len(ids) and expected[0] == 0.0
+    assert abs(sum(expected[1:]) / (len(ids) - 1) + loss) < 1e-5
+    generated = 3
+    mask = [0] * (len(ids) - generated) + [1] * generated
+    recorded = [0.0 if not m else lp for lp, m in zip(expected, mask)]
+    t = Trajectory(token_ids=ids, loss_mask=mask, logprobs=recorded, versions=[0] * len(ids))
+    assert max_logprob_gap(model, [t]) < 1e-6
+    t.logprobs[-2] += 0.25
+    t.logprobs[1] = 9.0  # a prompt position: not compared
+    assert abs(max_logprob_gap(model, [t]) - 0.25) < 1e-5
+    with pytest.raises(ValueError, match="no generated tokens"):
+        max_logprob_gap(model, [Trajectory(token_ids=ids, loss_mask=[0] * len(ids), logprobs=[0.0] * len(ids))])
+
+
 def test_hf_policy_is_a_policy(hf_policy):
     assert isinstance(hf_policy, Policy) and hf_policy.version == 0
 
 
 def test_hf_rollout_logprobs_match_a_transformers_forward_pass(hf_policy, tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
     env_id = "agentrl/Calculator-v0"
     agent = ChatAgent.from_env(hf_policy.tokenizer, agentrl.make(env_id))
     engine = RolloutEngine(
@@ -49,11 +61,9 @@ def test_hf_rollout_logprobs_match_a_transformers_forward_pass(hf_policy, tiny_m
     )
     trajectories = asyncio.run(engine.collect(num_groups=2))
     assert len(trajectories) == 4 and all(t.error is None for t in trajectories)
-    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    reference = reference_model(tiny_model_dir)
     for t in trajectories:
-        expected = reference_logprobs(reference, t)
-        gaps = [abs(a - b) for a, b, m in zip(t.logprobs, expected, t.loss_mask) if m]
-        assert gaps and max(gaps) < 1e-4
+        assert max_logprob_gap(reference, [t]) < 1e-4
 
 
 def test_weight_update_bumps_the_version_and_changes_the_model(hf_policy):

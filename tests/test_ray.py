@@ -26,15 +26,19 @@ import pytest
 ray = pytest.importorskip("ray", reason="the distributed rollout needs ray (pip install -e '.[cpu]')")
 
 import agentrl  # noqa: E402
+from agentrl import Message  # noqa: E402
 from agentrl.agents import ChatAgent  # noqa: E402
 from agentrl.buffer import TrajectoryBuffer  # noqa: E402
 from agentrl.distributed import DistributedRollout, PolicyActor, _runs, _split, build_policy  # noqa: E402
+from agentrl.multiagent import MultiAgentRolloutEngine, make_multiagent  # noqa: E402
 from agentrl.policy import Sampling  # noqa: E402
 from agentrl.rollout import EpisodeLimits, RolloutEngine  # noqa: E402
 from agentrl.run import RolloutConfig, rollout  # noqa: E402
-from agentrl.testing import ScriptedPolicy  # noqa: E402
+from agentrl.testing import ScriptedPolicy, max_logprob_gap, reference_model  # noqa: E402
 
 ENV_ID = "agentrl/Calculator-v0"
+NEGOTIATION = "agentrl/Negotiation-v0"
+TRADERS = ("trader_0", "trader_1")
 REPLY = "Answer: 42"
 OBJECT_STORE_BYTES = 200 * 1024**2
 
@@ -141,9 +145,6 @@ class TestLocalCluster:
     def test_hf_rollout_on_two_workers_is_token_exact_and_grouped_as_locally(
         self, hf_policy, tiny_model_dir, tiny_tokenizer
     ):
-        import torch
-        from transformers import AutoModelForCausalLM
-
         with DistributedRollout(
             hf_policy,
             ENV_ID,
@@ -158,7 +159,7 @@ class TestLocalCluster:
 
         assert len(trajectories) == 8 and all(t.error is None for t in trajectories)
         assert len({w.pid for w in workers}) == 2 and [w.episodes for w in workers] == [4, 4]
-        reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+        reference = reference_model(tiny_model_dir)
         end = "<|im_end|>"
         checked = 0
         for t in trajectories:
@@ -172,11 +173,7 @@ class TestLocalCluster:
                     assert text == reply.content + end or (len(run) == 16 and text == reply.content)
                     checked += 1
             assert {v for v, m in zip(t.versions, t.loss_mask) if m} == {0}
-            with torch.no_grad():
-                logits = reference(torch.tensor([t.token_ids])).logits[0].float()
-            following = torch.tensor(t.token_ids[1:])[:, None]
-            expected = [0.0] + logits.log_softmax(-1)[:-1].gather(-1, following).squeeze(-1).tolist()
-            assert max(abs(a - b) for a, b, m in zip(t.logprobs, expected, t.loss_mask) if m) < 1e-4
+        assert max_logprob_gap(reference, trajectories) < 1e-4
         assert checked >= 8
         # The same tasks as the local engine: same group ids, and each group's episodes share its prompt.
         local = local_trajectories(tiny_tokenizer, 4, group_size=2, limits=EpisodeLimits(max_turns=2, max_length=1024))
@@ -187,6 +184,83 @@ class TestLocalCluster:
         for group_id, prompts in groups.items():
             reference_prompt = local[group_id][0].token_ids[: local[group_id][0].prompt_length]
             assert len(prompts) == 2 and prompts[0] == prompts[1] == reference_prompt
+
+    def test_multiagent_episodes_play_on_workers_with_one_policy_actor_per_policy(self, tiny_model_dir, tiny_tokenizer):
+        # Fractions of a CPU: the class's cluster has 4, and the hf_policy fixture holds one.
+        traders = {pid: PolicyActor.options(num_cpus=0.25).remote("hf", str(tiny_model_dir)) for pid in TRADERS}
+        limits = EpisodeLimits(max_turns=2, max_length=1024)
+        try:
+            with DistributedRollout(
+                traders,
+                NEGOTIATION,
+                tiny_model_dir,
+                num_workers=2,
+                num_cpus_per_worker=0.25,
+                mapping="individual",
+                sampling=Sampling(max_tokens=16, seed=0),
+                limits=limits,
+                group_size=2,
+            ) as controller:
+                trajectories = asyncio.run(controller.collect(num_groups=2))
+                workers = list(controller.workers)
+                roster, episodes = controller.roster, controller.episodes
+            served = {pid: ray.get(actor.requests.remote()) for pid, actor in traders.items()}
+        finally:
+            for actor in traders.values():
+                ray.kill(actor)
+
+        assert roster == {"trader_0": "trader_0", "trader_1": "trader_1"} and episodes == 4
+        assert [w.episodes for w in workers] == [2, 2] and len({w.pid for w in workers}) == 2
+        assert len(trajectories) == 8 and all(t.error is None for t in trajectories)
+        assert Counter((t.agent_id, t.policy_id) for t in trajectories) == {(a, a): 4 for a in TRADERS}
+        assert Counter(t.group_id for t in trajectories) == {
+            f"{NEGOTIATION}#0-{g}/{a}": 2 for g in range(2) for a in TRADERS
+        }
+        # Each agent's tokens came from its own policy's actor, and they are the model's own.
+        for pid in TRADERS:
+            turns = sum(t.turns for t in trajectories if t.policy_id == pid)
+            assert served[pid].received == turns > 0 and served[pid].cancelled == 0
+        assert max_logprob_gap(reference_model(tiny_model_dir), trajectories) < 1e-4
+        # The same tasks as the local engine's: each agent's prompt in each group.
+        local = MultiAgentRolloutEngine(
+            lambda: make_multiagent(NEGOTIATION),
+            ChatAgent(tiny_tokenizer),
+            {pid: ScriptedPolicy(tiny_tokenizer, "Claim: 0 books") for pid in TRADERS},
+            "individual",
+            env_id=NEGOTIATION,
+            limits=limits,
+            group_size=2,
+        )
+        expected = {t.group_id: t.token_ids[: t.prompt_length] for t in asyncio.run(local.collect(2))}
+        assert all(t.token_ids[: t.prompt_length] == expected[t.group_id] for t in trajectories)
+
+    def test_a_timed_out_generation_is_cancelled_on_the_actor_which_serves_on(self, tiny_model_dir):
+        # The first generation would take a minute; the episode gives up on it after a second.
+        slow_first = {"reply": REPLY, "delay": [60.0]}
+        policy = PolicyActor.options(num_cpus=0.25).remote("scripted", str(tiny_model_dir), slow_first)
+        try:
+            with DistributedRollout(
+                policy,
+                ENV_ID,
+                tiny_model_dir,
+                num_workers=1,
+                num_cpus_per_worker=0.25,
+                limits=EpisodeLimits(max_turns=1, max_length=1024, turn_timeout=1.0),
+            ) as controller:
+                started = time.monotonic()
+                (timed_out,) = asyncio.run(controller.collect(num_groups=1))
+                assert time.monotonic() - started < 30
+                deadline = time.monotonic() + 20
+                while (requests := ray.get(policy.requests.remote())).cancelled < 1 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                (served,) = asyncio.run(controller.collect(num_groups=1))
+            after = ray.get(policy.requests.remote())
+        finally:
+            ray.kill(policy)
+        assert timed_out.error.startswith("EpisodeTimeout: the generate (turn 0) ran past its limit of 1.0 s")
+        assert requests == (1, 1, 0)  # received, cancelled, in flight: the actor stopped generating
+        assert served.error is None and Message("assistant", REPLY) in served.messages
+        assert after == (2, 1, 0)
 
     def test_killed_workers_are_replaced_and_every_episode_is_accounted_for(self, scripted_rollout, tiny_tokenizer):
         controller = scripted_rollout

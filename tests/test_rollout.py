@@ -159,3 +159,62 @@ def test_run_episode_records_versions(tiny_tokenizer):
     t = asyncio.run(run_episode(env, ChatAgent(tiny_tokenizer), policy, Sampling(), EpisodeLimits(max_turns=2), seed=1))
     assert {v for v, m in zip(t.versions, t.loss_mask) if m} == {1}
     assert {v for v, m in zip(t.versions, t.loss_mask) if not m} == {-1}
+
+
+def test_the_turn_limit_is_per_call_not_per_episode(tiny_tokenizer):
+    # Four generations of 0.3 s each: every one is within the 0.5 s limit, the four together are not.
+    policy = ScriptedPolicy(tiny_tokenizer, "wrong", delay=0.3)
+    limits = EpisodeLimits(max_turns=4, turn_timeout=0.5, episode_timeout=None)
+    (t,) = asyncio.run(engine_for(tiny_tokenizer, policy, limits=limits).collect(1))
+    assert (t.error, t.turns, t.info["truncated_by"]) == (None, 4, "max_turns")
+    assert t.info["seconds"] >= 1.2
+
+
+def test_a_timeout_raised_by_the_env_itself_is_the_envs_fault(tiny_tokenizer):
+    class Slow(Say):
+        def respond(self, reply):
+            raise TimeoutError("the backend took too long")
+
+    policy = ScriptedPolicy(tiny_tokenizer, solver)
+    (t,) = asyncio.run(engine_for(tiny_tokenizer, policy, make_env=Slow).collect(1))
+    assert t.error == "TimeoutError: the backend took too long (during step (turn 0))"
+
+
+def test_groups_are_numbered_on_or_named_outright(tiny_tokenizer):
+    engine = engine_for(tiny_tokenizer, ScriptedPolicy(tiny_tokenizer, solver), group_size=2)
+
+    def play(**kwargs):
+        async def run():
+            return [t async for t in engine.stream(**kwargs)]
+
+        return {t.group_id: t.token_ids[: t.prompt_length] for t in asyncio.run(run())}
+
+    first = play(num_groups=2)
+    assert sorted(first) == ["tests/Say#0-0", "tests/Say#0-1"]
+    assert list(play(num_groups=1)) == ["tests/Say#0-2"]
+    assert list(play(num_groups=1, first_group=7)) == ["tests/Say#0-7"]
+    assert list(play(num_groups=1)) == ["tests/Say#0-8"]
+    replayed = play(groups=[1, 0])
+    assert replayed == first  # a group number is the same task whenever it is played
+    with pytest.raises(ValueError, match=r"\[3\] appear more than once"):
+        play(groups=[3, 1, 3])
+    with pytest.raises(ValueError, match="exactly one of num_groups and groups"):
+        play(num_groups=1, groups=[1])
+
+
+def test_episodes_stream_whole_and_envs_are_reused(tiny_tokenizer):
+    made = []
+
+    def make_env():
+        made.append(Say())
+        return made[-1]
+
+    engine = engine_for(tiny_tokenizer, ScriptedPolicy(tiny_tokenizer, solver), make_env=make_env, concurrency=3)
+
+    async def play():
+        return [episode async for episode in engine.stream_episodes(num_groups=12)]
+
+    episodes = asyncio.run(play())
+    assert len(episodes) == 12 and all(len(e) == 1 and e[0].error is None for e in episodes)
+    assert len(made) == 3  # one env per episode in flight, each reused for the next episode
+    assert engine.stats.episodes == 12 and engine.stats.seconds > 0

@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 import agentrl
 from agentrl.agents import ChatAgent
 from agentrl.policies.vllm import VLLMPolicy
 from agentrl.policy import Policy, Sampling
 from agentrl.rollout import EpisodeLimits, RolloutEngine
+from agentrl.testing import max_logprob_gap, reference_model
 
 pytestmark = pytest.mark.slow
 
@@ -22,22 +22,6 @@ def vllm_policy(tiny_model_dir):
     policy = VLLMPolicy(tiny_model_dir, max_model_len=1024, seed=0)
     yield policy
     policy.close()
-
-
-def forward_logprobs(model, token_ids):
-    ids = torch.tensor([token_ids])
-    with torch.no_grad():
-        logits = model(ids).logits.float()
-    return [0.0] + logits.log_softmax(-1)[0, :-1].gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()
-
-
-def max_gap(model, trajectories):
-    gaps = []
-    for t in trajectories:
-        expected = forward_logprobs(model, t.token_ids)
-        gaps += [abs(a - b) for a, b, m in zip(t.logprobs, expected, t.loss_mask) if m]
-    assert gaps, "no generated tokens to compare"
-    return max(gaps)
 
 
 def play(policy, env_id="agentrl/Calculator-v0", groups=2, group_size=2, max_tokens=24):
@@ -59,12 +43,11 @@ def test_rollout_logprobs_match_an_independent_transformers_forward_pass(vllm_po
     trajectories = play(vllm_policy)
     assert len(trajectories) == 4 and all(t.error is None for t in trajectories)
     assert all(v == 0 for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m)
-    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    assert max_gap(reference, trajectories) < 1e-4
+    assert max_logprob_gap(reference_model(tiny_model_dir), trajectories) < 1e-4
 
 
 def test_weight_update_reaches_the_engine_tied_head_included(vllm_policy, tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    model = reference_model(tiny_model_dir)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -74,7 +57,7 @@ def test_weight_update_reaches_the_engine_tied_head_included(vllm_policy, tiny_m
     assert vllm_policy.update_weights(state.items()) == 1
     trajectories = play(vllm_policy, groups=1)
     assert all(v == 1 for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m)
-    assert max_gap(model, trajectories) < 1e-4
+    assert max_logprob_gap(model, trajectories) < 1e-4
 
 
 def test_a_cancelled_request_is_aborted_and_the_engine_serves_on(vllm_policy):

@@ -116,24 +116,29 @@ def run_counting_episode(agent: ChatAgent, turns: int) -> tuple[TrajectoryBuilde
     return builder, deltas
 
 
-def test_observation_delta_does_not_depend_on_history(agent, tiny_tokenizer, monkeypatch):
-    _, after_one = run_counting_episode(agent, 1)
-    rendered_lengths: list[int] = []
-    render = tiny_tokenizer.apply_chat_template
+def test_observation_delta_does_not_depend_on_history(tiny_tokenizer, monkeypatch):
+    def renders_of_an_episode(turns: int) -> tuple[list[int], TrajectoryBuilder, list[list[int]]]:
+        agent = ChatAgent(tiny_tokenizer, [calculate], system_prompt="You are a careful calculator.")
+        lengths: list[int] = []
+        render = tiny_tokenizer.apply_chat_template
 
-    def spy(conversation, *args, **kwargs):
-        rendered_lengths.append(len(conversation))
-        return render(conversation, *args, **kwargs)
+        def spy(conversation, *args, **kwargs):
+            lengths.append(len(conversation))
+            return render(conversation, *args, **kwargs)
 
-    monkeypatch.setattr(tiny_tokenizer, "apply_chat_template", spy)
-    five, after_five = run_counting_episode(agent, 5)
-    monkeypatch.undo()
+        monkeypatch.setattr(tiny_tokenizer, "apply_chat_template", spy)
+        builder, deltas = run_counting_episode(agent, turns)
+        monkeypatch.undo()
+        return lengths, builder, deltas
 
+    one_renders, _, after_one = renders_of_an_episode(1)
+    five_renders, five, after_five = renders_of_an_episode(5)
     assert all(delta == after_one[0] for delta in after_five)
     assert tiny_tokenizer.decode(after_one[0]) == "\n<|im_start|>user\nNext.<|im_end|>\n<|im_start|>assistant\n"
-    # Only the prompt grows with the episode: observations render a fixed, small conversation.
-    assert rendered_lengths[0] == 2 and max(rendered_lengths[1:]) == 3
-    assert tiny_tokenizer.decode(five.token_ids) == agent.render(five.messages, add_generation_prompt=True)
+    # Nothing rendered grows with the episode: the prompt (2 messages) and the observation's
+    # fixed placeholder conversation (3) are rendered for the first episode's shapes only.
+    assert five_renders == one_renders and max(one_renders) == 3
+    assert tiny_tokenizer.decode(five.token_ids) == five.agent.render(five.messages, add_generation_prompt=True)
 
 
 def test_cut_generation_gets_the_end_of_turn_token_as_an_observation_token(agent, tiny_tokenizer):
