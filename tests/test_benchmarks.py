@@ -137,3 +137,35 @@ def test_would_exceed_then_add_observation_renders_once(tiny_tokenizer):
     changed[0].content = "Changed after the check."  # the same objects, edited in place
     assert builder.add_observation(changed) == render(changed)
     assert calls == [wrong, wrong, other, [Message("user", "Try again.")], changed]
+
+
+def test_sandbox_latency_quick_run_prints_its_table(capsys):
+    """Runs whichever sandbox backends this machine has (CI has both); with neither, only the header."""
+    from agentrl.sandboxes.docker import DEFAULT_IMAGE, docker_available
+    from agentrl.sandboxes.local import bubblewrap_problem
+
+    head = (BENCHMARKS / "sandbox_latency.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/sandbox_latency.py --quick") for line in head)
+    assert load("sandbox_latency").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "p50 ms" in out
+    if docker_available(DEFAULT_IMAGE):
+        for row in ("DockerSandbox, warm server", "docker exec (SDK exec_run)", "docker run per call",
+                    "DockerSandboxes in parallel", "docker exec / warm server:"):
+            assert row in out
+    if bubblewrap_problem() is None:
+        for row in ("LocalSandbox, warm server", "bwrap per call", "LocalSandboxes in parallel"):
+            assert row in out
+
+
+def test_trainer_step_quick_run_compares_the_same_work(capsys):
+    """Both sides train on the same batch; the script exits 1 if their first gradients differ."""
+    head = (BENCHMARKS / "trainer_step.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/trainer_step.py --quick") for line in head)
+    assert load("trainer_step").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for row in ("single-turn  TRL GRPOTrainer", "single-turn  agentrl Trainer", "multi-turn   TRL GRPOTrainer",
+                "multi-turn   agentrl Trainer", "first-step gradients differ by", "agentrl / TRL, single-turn:",
+                "agentrl / TRL, multi-turn:"):
+        assert row in out
+    assert "PROBLEM" not in out
