@@ -4,4 +4,5 @@
 # built-in ids are known without the user importing anything (as gymnasium's own envs are).
 from agentrl.envs import calculator, codebreaker, countdown  # noqa: F401
 from agentrl.envs import codesandbox  # noqa: F401  (needs a sandbox backend at reset, not at import)
+from agentrl.envs import tool_arithmetic  # noqa: F401  (the quickstart's task)
 from agentrl.envs import negotiation  # noqa: F401  (multi-agent: agentrl.multiagent.make_multiagent)

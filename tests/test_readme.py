@@ -24,3 +24,22 @@ def test_first_screen_names_the_test_command_ci_runs():
     assert "python -m pytest -q" in first_screen
     ci = (README.parent / ".ci" / "run").read_text()
     assert "python -m pytest -q" in ci
+
+
+def test_the_other_examples_run():
+    from agentrl.sandboxes import DEFAULT_IMAGE, docker_available
+
+    for block in python_blocks()[1:]:
+        if "make_sandbox" in block and not docker_available(DEFAULT_IMAGE):
+            continue  # the sandbox example needs the engine and the image (install.sh sets both up)
+        subprocess.run([sys.executable, "-c", block], check=True, timeout=180)
+
+
+def test_quickstart_config_loads_and_names_a_registered_env():
+    import agentrl
+    from agentrl.config import load_config
+    from agentrl.train import TrainConfig
+
+    config = load_config(TrainConfig, README.parent / "examples" / "quickstart.yaml")
+    assert config.rollout.env_id in agentrl.registered_ids()
+    assert "agentrl train examples/quickstart.yaml" in "\n".join(README.read_text().splitlines()[:20])
