@@ -1,13 +1,13 @@
 """End-to-end training throughput: asynchronous (max_staleness > 0) against synchronous training.
 
-    python benchmarks/train_async_vs_sync.py --quick      # smoke test, about a minute
-    python benchmarks/train_async_vs_sync.py              # 10 steps per mode, a few minutes
-    python benchmarks/train_async_vs_sync.py --backend vllm
+    python benchmarks/train_async_vs_sync.py --quick      # smoke test on the hf backend, about a minute
+    python benchmarks/train_async_vs_sync.py              # 10 steps per mode on vLLM, about 3 minutes
+    python benchmarks/train_async_vs_sync.py --backend hf
 
 Both runs go through ``agentrl.train.train`` with the same config except ``max_staleness``, one
 after the other in this process, on the same hardware: the tiny model built here (no downloads),
-an inference backend (``hf`` by default: it starts in seconds; ``vllm`` for the real engine), and
-a long-tail env. The env (``bench/LongTail-v0``) answers each reply after a heavy-tailed delay
+an inference backend (``vllm`` by default, the real engine; ``hf`` starts in seconds but generates in
+one thread that shares the GIL with the trainer, which bounds it), and a long-tail env. The env (``bench/LongTail-v0``) answers each reply after a heavy-tailed delay
 (lognormal, median ``--latency`` seconds, sigma 1.0, at most 20x the median: a slow tool or a
 sandbox run) and rewards replies made of the letter ``a`` (so the trainer has something to learn).
 
@@ -97,17 +97,18 @@ def run(mode: str, staleness: int, args: argparse.Namespace, model_dir: Path, ro
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 steps of 2 groups: a smoke test")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--groups", type=int, default=4, help="groups per step")
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--latency", type=float, default=0.3, help="median env latency in seconds")
-    parser.add_argument("--backend", default="hf", choices=["hf", "vllm"])
-    args = parser.parse_args()
+    parser.add_argument("--latency", type=float, default=0.5, help="median env latency in seconds")
+    parser.add_argument("--backend", default=None, choices=["hf", "vllm"], help="default: vllm (hf with --quick)")
+    args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.groups, args.latency = 4, 2, 0.1
+    args.backend = args.backend or ("hf" if args.quick else "vllm")
 
     from agentrl.testing import build_tiny_model
 

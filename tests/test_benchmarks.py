@@ -169,3 +169,11 @@ def test_trainer_step_quick_run_compares_the_same_work(capsys):
                 "agentrl / TRL, multi-turn:"):
         assert row in out
     assert "PROBLEM" not in out
+
+
+def test_train_async_vs_sync_quick_run_prints_its_table(capsys):
+    head = (BENCHMARKS / "train_async_vs_sync.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/train_async_vs_sync.py --quick") for line in head)
+    load("train_async_vs_sync").main(["--quick"])
+    out = capsys.readouterr().out
+    assert "sync (max_staleness 0)" in out and "async (max_staleness 2)" in out and "async / sync:" in out
