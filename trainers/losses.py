@@ -12,7 +12,7 @@ for logging; keeping them as tensors avoids a device sync per micro-batch).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Literal, NamedTuple
 
 import torch
@@ -35,6 +35,18 @@ def _shift(per_position: list[torch.Tensor], batch_size: int, device: torch.devi
     return torch.cat([body.new_zeros((batch_size, 1)), body], dim=1)
 
 
+def _predicting_rows(logits: torch.Tensor, temperature: float) -> Iterator[torch.Tensor]:
+    """Each sequence's logits at positions 0..T-2 (those that predict a next token), upcast to at
+    least float32 and divided by ``temperature``, one sequence at a time."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}.")
+    # Half-precision logits are upcast: the log-probs feed ratios that must resolve 1e-3 changes.
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    for b in range(logits.shape[0]):
+        row = logits[b, :-1].to(dtype)
+        yield row / temperature if temperature != 1.0 else row
+
+
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
     """``[B, T]`` log-probs of each token under the logits one position earlier (0 at position 0).
 
@@ -48,15 +60,8 @@ def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, *, temperature
         raise ValueError(
             f"input_ids must be [B, T] = {tuple(logits.shape[:2])} like the logits, got {tuple(input_ids.shape)}."
         )
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}.")
-    # Half-precision logits are upcast: the log-probs feed ratios that must resolve 1e-3 changes.
-    dtype = torch.promote_types(logits.dtype, torch.float32)
     rows = []
-    for b in range(logits.shape[0]):
-        row = logits[b, :-1].to(dtype)
-        if temperature != 1.0:
-            row = row / temperature
+    for b, row in enumerate(_predicting_rows(logits, temperature)):
         chosen = row.gather(-1, input_ids[b, 1:, None]).squeeze(-1)
         rows.append(chosen - torch.logsumexp(row, dim=-1))
     return _shift(rows, logits.shape[0], logits.device)
@@ -66,15 +71,8 @@ def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Te
     """``[B, T]`` entropy (nats) of the distribution each token was drawn from, aligned like
     :func:`token_logprobs` (0 at position 0)."""
     _check_logits(logits)
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}.")
-    # Half-precision logits are upcast: the log-probs feed ratios that must resolve 1e-3 changes.
-    dtype = torch.promote_types(logits.dtype, torch.float32)
     rows = []
-    for b in range(logits.shape[0]):
-        row = logits[b, :-1].to(dtype)
-        if temperature != 1.0:
-            row = row / temperature
+    for row in _predicting_rows(logits, temperature):
         # H = logsumexp(l) - sum softmax(l) * l, without forming log_softmax's [T, V] output twice.
         rows.append(torch.logsumexp(row, dim=-1) - (torch.softmax(row, dim=-1) * row).sum(-1))
     return _shift(rows, logits.shape[0], logits.device)
