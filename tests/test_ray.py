@@ -235,17 +235,20 @@ class TestLocalCluster:
         assert all(t.token_ids[: t.prompt_length] == expected[t.group_id] for t in trajectories)
 
     def test_a_timed_out_generation_is_cancelled_on_the_actor_which_serves_on(self, tiny_model_dir):
-        # The first generation would take a minute; the episode gives up on it after a second.
+        # The first generation would take a minute; the episode gives up on it after three seconds.
         slow_first = {"reply": REPLY, "delay": [60.0]}
         policy = PolicyActor.options(num_cpus=0.25).remote("scripted", str(tiny_model_dir), slow_first)
         try:
+            # The turn limit must run out on the generation, not on the actor's start-up (slow on a
+            # loaded machine): wait until the actor answers.
+            assert ray.get(policy.requests.remote(), timeout=120) == (0, 0, 0)
             with DistributedRollout(
                 policy,
                 ENV_ID,
                 tiny_model_dir,
                 num_workers=1,
                 num_cpus_per_worker=0.25,
-                limits=EpisodeLimits(max_turns=1, max_length=1024, turn_timeout=1.0),
+                limits=EpisodeLimits(max_turns=1, max_length=1024, turn_timeout=3.0),
             ) as controller:
                 started = time.monotonic()
                 (timed_out,) = asyncio.run(controller.collect(num_groups=1))
@@ -257,7 +260,7 @@ class TestLocalCluster:
             after = ray.get(policy.requests.remote())
         finally:
             ray.kill(policy)
-        assert timed_out.error.startswith("EpisodeTimeout: the generate (turn 0) ran past its limit of 1.0 s")
+        assert timed_out.error.startswith("EpisodeTimeout: the generate (turn 0) ran past its limit of 3.0 s")
         assert requests == (1, 1, 0)  # received, cancelled, in flight: the actor stopped generating
         assert served.error is None and Message("assistant", REPLY) in served.messages
         assert after == (2, 1, 0)
