@@ -59,6 +59,11 @@ METRICS: Mapping[str, str] = {
     "train/entropy": "mean per-token entropy of the policy on generated tokens",
     "train/clip_fraction": "share of generated tokens whose probability ratio was clipped",
     "train/approx_kl": "k3 estimate of KL(behaviour policy || updated policy) on generated tokens: how far the update moved",
+    "train/engine_logprob_gap": (
+        "mean |trainer log-prob - engine log-prob| over generated tokens, in the loss's forward pass: about 0 on-policy "
+        "(one epoch, one mini-batch, no staleness); more means the trainer scores another distribution than the "
+        "engine sampled from (temperature, dtype, weights out of sync) or staleness"
+    ),
     "train/grad_norm": "global gradient norm before clipping",
     "train/lr": "learning rate used by this step",
     "train/advantage_mean": "mean advantage over generated tokens (near 0 for group-normalised estimators)",

@@ -47,7 +47,8 @@ class Generation(NamedTuple):
     token_ids: list[int]
     """The generated tokens, the end-of-turn token included when generation stopped on it."""
     logprobs: list[float]
-    """The behaviour log-prob of each generated token under the unmodified distribution."""
+    """The behaviour log-prob of each generated token under the distribution it was sampled from (logits /
+    temperature, renormalised over top-k/top-p when set; the raw distribution for greedy requests)."""
     version: int
     """The policy version (weight update count) that produced these tokens."""
     finish_reason: FinishReason

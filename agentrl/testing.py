@@ -258,27 +258,28 @@ def reference_model(path: str | Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
-def reference_logprobs(model: PreTrainedModel, token_ids: Sequence[int]) -> list[float]:
+def reference_logprobs(model: PreTrainedModel, token_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
     """The log-prob of each of ``token_ids`` given the ones before it, by one forward pass of
-    ``model`` (0.0 for the first token, which has nothing before it)."""
+    ``model`` with its logits divided by ``temperature`` (0.0 for the first token, which has nothing
+    before it)."""
     import torch
 
     ids = torch.tensor([list(token_ids)])
     with torch.no_grad():
-        logits = model(ids).logits.float()
+        logits = model(ids).logits.float() / temperature
     return [0.0, *logits.log_softmax(-1)[0, :-1].gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()]
 
 
-def max_logprob_gap(model: PreTrainedModel, trajectories: Iterable[Trajectory]) -> float:
-    """The largest difference between a trajectory's recorded log-prob and :func:`reference_logprobs`,
-    over every generated token (loss mask 1) of ``trajectories``.
+def max_logprob_gap(model: PreTrainedModel, trajectories: Iterable[Trajectory], temperature: float = 1.0) -> float:
+    """The largest difference between a trajectory's recorded log-prob and :func:`reference_logprobs`
+    at the sampling ``temperature``, over every generated token (loss mask 1) of ``trajectories``.
 
     Raises ``ValueError`` if there is no generated token to compare: a check over nothing passes
     whatever the backend does.
     """
     gaps = []
     for trajectory in trajectories:
-        expected = reference_logprobs(model, trajectory.token_ids)
+        expected = reference_logprobs(model, trajectory.token_ids, temperature)
         gaps += [abs(a - b) for a, b, m in zip(trajectory.logprobs, expected, trajectory.loss_mask) if m]
     if not gaps:
         raise ValueError("max_logprob_gap got no generated tokens to compare.")

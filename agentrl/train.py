@@ -30,7 +30,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,6 +104,19 @@ class TrainConfig:
             raise ValueError(f"steps and groups_per_step must be at least 1, got {self.steps} and {self.groups_per_step}.")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}.")
+        if self.rollout.temperature <= 0:
+            raise ValueError(
+                "rollout.temperature must be above 0 for training: greedy samples of a group are all alike and have "
+                "no sampling distribution to train (eval_temperature: 0 gives greedy evaluations)."
+            )
+        if self.trainer.temperature is None:
+            self.trainer = replace(self.trainer, temperature=self.rollout.temperature)
+        elif self.trainer.temperature != self.rollout.temperature:
+            raise ValueError(
+                f"trainer.temperature {self.trainer.temperature} differs from rollout.temperature "
+                f"{self.rollout.temperature}: the trainer must score the distribution the rollouts sampled from. "
+                "Leave trainer.temperature unset (it follows rollout.temperature)."
+            )
         batch = self.groups_per_step * self.rollout.group_size
         if self.trainer.micro_batch_size > batch:
             raise ValueError(

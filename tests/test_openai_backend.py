@@ -57,7 +57,7 @@ def serve_command(model_dir: Path, port: int) -> list[str]:
         "--dtype", "float32",
         "--max-model-len", "1024",
         "--enforce-eager",
-        "--logprobs-mode", "raw_logprobs",  # vLLM's default, stated: the model's own distribution
+        "--logprobs-mode", "processed_logprobs",  # the sampled distribution's, as the vllm and hf backends report
         "--seed", "0",
     ]  # fmt: skip
 
@@ -118,11 +118,11 @@ def reference(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
-def forward_logprobs(model, prompt_ids, token_ids):
-    """Each token of ``token_ids``'s log-prob after ``prompt_ids`` and the tokens before it."""
+def forward_logprobs(model, prompt_ids, token_ids, temperature=1.0):
+    """Each token of ``token_ids``'s log-prob after ``prompt_ids`` and the tokens before it, at ``temperature``."""
     ids = torch.tensor([[*prompt_ids, *token_ids]])
     with torch.no_grad():
-        logprobs = model(ids).logits.float().log_softmax(-1)[0, len(prompt_ids) - 1 : -1]
+        logprobs = (model(ids).logits.float() / temperature).log_softmax(-1)[0, len(prompt_ids) - 1 : -1]
     return logprobs.gather(-1, torch.tensor(token_ids)[:, None]).squeeze(-1).tolist()
 
 
@@ -133,13 +133,13 @@ def generate_all(policy, prompt, samplings):
     return asyncio.run(run())
 
 
-def test_generate_gives_exact_token_ids_and_raw_logprobs(policy, reference, tiny_model_dir):
+def test_generate_gives_exact_token_ids_and_sampling_logprobs(policy, reference, tiny_model_dir):
     assert isinstance(policy, Policy)
     assert policy.model == str(tiny_model_dir) and policy.max_model_len == 1024 and policy.version == 0
     text = policy.tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True, tokenize=False)
     prompt = policy.tokenizer.encode(text, add_special_tokens=False)
-    # Temperature and top-k change the sampler, not the log-probs: they are the model's own.
-    samplings = [Sampling(max_tokens=12, temperature=0.7, top_k=50, seed=seed) for seed in range(4)]
+    # With --logprobs-mode processed_logprobs the log-probs are the sampled distribution's: logits / temperature.
+    samplings = [Sampling(max_tokens=12, temperature=0.7, seed=seed) for seed in range(4)]
     generations = generate_all(policy, prompt, samplings)
     for generation in generations:
         assert generation.version == 0
@@ -148,7 +148,7 @@ def test_generate_gives_exact_token_ids_and_raw_logprobs(policy, reference, tiny
             assert len(generation.token_ids) == 12
         else:
             assert generation.finish_reason == "stop" and generation.token_ids[-1] in policy.stop_token_ids
-        expected = forward_logprobs(reference, prompt, generation.token_ids)
+        expected = forward_logprobs(reference, prompt, generation.token_ids, temperature=0.7)
         assert max(abs(a - b) for a, b in zip(generation.logprobs, expected)) < 1e-4
     # A request's seed fixes its sample; different seeds give different samples.
     again = generate_all(policy, prompt, samplings)

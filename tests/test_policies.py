@@ -47,7 +47,8 @@ def test_hf_policy_is_a_policy(hf_policy):
     assert isinstance(hf_policy, Policy) and hf_policy.version == 0
 
 
-def test_hf_rollout_logprobs_match_a_transformers_forward_pass(hf_policy, tiny_model_dir):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_hf_rollout_logprobs_match_a_transformers_forward_pass(hf_policy, tiny_model_dir, temperature):
     env_id = "agentrl/Calculator-v0"
     agent = ChatAgent.from_env(hf_policy.tokenizer, agentrl.make(env_id))
     engine = RolloutEngine(
@@ -55,7 +56,7 @@ def test_hf_rollout_logprobs_match_a_transformers_forward_pass(hf_policy, tiny_m
         agent,
         hf_policy,
         env_id=env_id,
-        sampling=Sampling(max_tokens=24, seed=0),
+        sampling=Sampling(max_tokens=24, seed=0, temperature=temperature),
         limits=EpisodeLimits(max_turns=3, max_length=1024),
         group_size=2,
     )
@@ -63,7 +64,9 @@ def test_hf_rollout_logprobs_match_a_transformers_forward_pass(hf_policy, tiny_m
     assert len(trajectories) == 4 and all(t.error is None for t in trajectories)
     reference = reference_model(tiny_model_dir)
     for t in trajectories:
-        assert max_logprob_gap(reference, [t]) < 1e-4
+        assert max_logprob_gap(reference, [t], temperature) < 1e-4
+    if temperature != 1.0:
+        assert max_logprob_gap(reference, trajectories) > 1e-2  # the sampled distribution's, not the raw one's
 
 
 def test_weight_update_bumps_the_version_and_changes_the_model(hf_policy):

@@ -24,26 +24,31 @@ def vllm_policy(tiny_model_dir):
     policy.close()
 
 
-def play(policy, env_id="agentrl/Calculator-v0", groups=2, group_size=2, max_tokens=24):
+def play(policy, env_id="agentrl/Calculator-v0", groups=2, group_size=2, max_tokens=24, temperature=1.0):
     agent = ChatAgent.from_env(policy.tokenizer, agentrl.make(env_id))
     engine = RolloutEngine(
         lambda: agentrl.make(env_id),
         agent,
         policy,
         env_id=env_id,
-        sampling=Sampling(max_tokens=max_tokens, seed=1),
+        sampling=Sampling(max_tokens=max_tokens, seed=1, temperature=temperature),
         limits=EpisodeLimits(max_turns=3, max_length=1024),
         group_size=group_size,
     )
     return asyncio.run(engine.collect(num_groups=groups))
 
 
-def test_rollout_logprobs_match_an_independent_transformers_forward_pass(vllm_policy, tiny_model_dir):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_rollout_logprobs_match_an_independent_transformers_forward_pass(vllm_policy, tiny_model_dir, temperature):
+    # The log-probs are those of the distribution sampled from: logits / temperature.
     assert isinstance(vllm_policy, Policy)
-    trajectories = play(vllm_policy)
+    trajectories = play(vllm_policy, temperature=temperature)
     assert len(trajectories) == 4 and all(t.error is None for t in trajectories)
     assert all(v == 0 for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m)
-    assert max_logprob_gap(reference_model(tiny_model_dir), trajectories) < 1e-4
+    reference = reference_model(tiny_model_dir)
+    assert max_logprob_gap(reference, trajectories, temperature) < 1e-4
+    if temperature != 1.0:
+        assert max_logprob_gap(reference, trajectories) > 1e-2  # and not the raw distribution's
 
 
 def test_weight_update_reaches_the_engine_tied_head_included(vllm_policy, tiny_model_dir):

@@ -130,8 +130,10 @@ def generated_logprobs(
     *,
     entropy_grad: bool = False,
     group_index: torch.Tensor | None = None,
+    temperature: float = 1.0,
 ) -> TokenStats:
-    """Log-probs and entropies of the generated tokens (``loss_mask`` 1), computed in fp32.
+    """Log-probs and entropies of the generated tokens (``loss_mask`` 1) under logits / ``temperature``
+    (the rollouts' sampling temperature), computed in fp32.
 
     With ``group_index``, rows of one group that begin with the same tokens (GRPO samples of one
     prompt) share one forward pass over that prefix: its keys and values are computed once,
@@ -140,12 +142,14 @@ def generated_logprobs(
     with ``entropy_grad`` (an entropy bonus needs it; a metric does not, and its graph over the
     vocabulary would cost memory).
     """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}.")
     base = _unwrap(model)
     logprobs = torch.zeros(loss_mask.shape, dtype=torch.float32, device=loss_mask.device)
     entropy = torch.zeros_like(logprobs)
     if not _plain_head(base):
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-        _fill(logprobs, entropy, logits, input_ids, loss_mask, torch.arange(len(input_ids)), 0, entropy_grad)
+        _fill(logprobs, entropy, logits, input_ids, loss_mask, torch.arange(len(input_ids)), 0, entropy_grad, temperature)
         return TokenStats(logprobs, entropy)
     backbone, head = getattr(base, base.base_model_prefix), base.get_output_embeddings()
     for rows, prefix in _shared_prefixes(input_ids, loss_mask, group_index):
@@ -159,7 +163,7 @@ def generated_logprobs(
             past_key_values=cache,
             use_cache=cache is not None,
         ).last_hidden_state
-        _fill(logprobs, entropy, hidden, input_ids, loss_mask, rows, prefix, entropy_grad, head=head)
+        _fill(logprobs, entropy, hidden, input_ids, loss_mask, rows, prefix, entropy_grad, temperature, head=head)
     return TokenStats(logprobs, entropy)
 
 
@@ -172,6 +176,7 @@ def _fill(
     rows: torch.Tensor,
     start: int,
     entropy_grad: bool,
+    temperature: float,
     head: nn.Module | None = None,
 ) -> None:
     """Write the log-probs of ``rows``' generated tokens from ``states`` (hidden states, or logits when
@@ -179,6 +184,8 @@ def _fill(
     targets = loss_mask[rows, start + 1 :].bool()
     chosen_states = states[:, : targets.shape[1]][targets]
     logits = (head(chosen_states) if head is not None else chosen_states).float()
+    if temperature != 1.0:
+        logits = logits / temperature
     log_dist = torch.log_softmax(logits, dim=-1)
     chosen = log_dist.gather(-1, input_ids[rows, start + 1 :][targets].unsqueeze(-1)).squeeze(-1)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):

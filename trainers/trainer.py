@@ -94,6 +94,10 @@ class TrainerConfig:
     """Off-policy correction with the behaviour log-probs: truncated importance sampling or decoupled PPO."""
     is_cap: float = 2.0
     """Truncation of the importance weight for tis / decoupled."""
+    temperature: float | None = None
+    """The rollouts' sampling temperature. Log-probs, entropy and KL are those of logits / temperature,
+    the distribution the engine sampled from and reported (as TRL and verl do). ``agentrl train`` fills
+    it in from rollout.temperature; None elsewhere means 1."""
     gamma: float = 1.0
     """Discount over tokens (PPO, REINFORCE++)."""
     lam: float = 0.95
@@ -123,6 +127,11 @@ class TrainerConfig:
             raise ValueError(f"dual_clip must be above 1 (it bounds the loss at c * |A|), got {self.dual_clip}.")
         if not (0 <= self.clip_low < 1 and self.clip_high >= 0):
             raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0; got {self.clip_low} and {self.clip_high}.")
+        if self.temperature is not None and self.temperature <= 0:
+            raise ValueError(
+                f"temperature must be positive (it is the rollouts' sampling temperature), got {self.temperature}: "
+                "greedy rollouts have no sampling distribution to train."
+            )
         if self.algorithm == "dr_grpo" and self.loss_aggregation == "token-mean":
             # Dr. GRPO's point is the length-unbiased loss; its paper pairs the two.
             self.loss_aggregation = "seq-mean-token-sum-norm"
@@ -240,6 +249,7 @@ class Trainer:
             mask,
             entropy_grad=config.entropy_coef > 0,
             group_index=self._groups(micro),
+            temperature=config.temperature or 1.0,
         )
         old = micro.extras.get("old_logprobs", current.logprobs.detach())
         per_token, stats = policy_loss(
@@ -269,6 +279,8 @@ class Trainer:
             loss = loss + critic
             parts["train/value_loss"] = critic.detach()
         share = mask.sum() / num_tokens  # weights per-micro-batch stats into mini-batch means
+        gap = (current.logprobs.detach() - micro.behaviour_logprobs).abs() * mask
+        parts["train/engine_logprob_gap"] = float(gap.sum()) / num_tokens
         parts["train/clip_fraction"] = float(stats.clip_fraction) * float(share)
         parts["train/approx_kl"] = float(stats.approx_kl) * float(share)
         parts["train/loss"] = loss.detach()
@@ -280,7 +292,12 @@ class Trainer:
     def _logprobs(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         parts = [
             generated_logprobs(
-                model, micro.input_ids, micro.attention_mask, micro.loss_mask, group_index=self._groups(micro)
+                model,
+                micro.input_ids,
+                micro.attention_mask,
+                micro.loss_mask,
+                group_index=self._groups(micro),
+                temperature=self.config.temperature or 1.0,
             ).logprobs
             for micro in batch.split(self.config.micro_batch_size)
         ]

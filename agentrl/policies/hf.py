@@ -2,8 +2,9 @@
 
 Concurrent requests are gathered into batches (left-padded, one ``generate`` call per batch of
 requests with the same sampling settings) and run in a worker thread, so the event loop stays free
-and many episodes share the model. Log-probs are taken from the raw logits of each step
-(``output_logits``), i.e. the model's distribution before temperature and top-k/top-p.
+and many episodes share the model. Log-probs are those of the distribution each token was sampled
+from (``output_scores``: logits / temperature, renormalised over top-k/top-p), as the ``vllm``
+backend reports them; greedy requests report the raw logits' distribution (``output_logits``).
 """
 
 from __future__ import annotations
@@ -138,7 +139,8 @@ class HFPolicy:
             eos_token_id=stops,
             pad_token_id=pad,
             return_dict_in_generate=True,
-            output_logits=True,
+            output_logits=sampling.temperature == 0,
+            output_scores=sampling.temperature > 0,
         )
         if sampling.temperature > 0:
             options.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
@@ -150,7 +152,8 @@ class HFPolicy:
             version = self._version
             out = self.model.generate(input_ids=input_ids, attention_mask=attention, **options)
         new_tokens = out.sequences[:, width:]
-        logprobs = torch.stack(out.logits, dim=1).float().log_softmax(-1)
+        steps = out.scores if sampling.temperature > 0 else out.logits
+        logprobs = torch.stack(steps, dim=1).float().log_softmax(-1)
         chosen = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
         results = []
         for row in range(len(prompts)):

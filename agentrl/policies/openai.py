@@ -9,11 +9,11 @@ encoding a completion's text again can give other token ids than the ones the mo
 merges across the boundary, special tokens, normalisation), and the server's log-probs would then
 belong to tokens the trajectory does not hold.
 
-Log-probs are whatever the server's ``--logprobs-mode`` makes them. vLLM's default,
-``raw_logprobs``, is the model's distribution before temperature and top-k/top-p, the same as the
-``vllm`` and ``hf`` backends and a transformers forward pass over the same ids. A server started
-with ``--logprobs-mode processed_logprobs`` (or ``*_logits``) returns something else, and this
-backend cannot tell.
+Log-probs are whatever the server's ``--logprobs-mode`` makes them. Start vLLM with
+``--logprobs-mode processed_logprobs`` to get what the ``vllm`` and ``hf`` backends report, the
+distribution each token was sampled from (logits / temperature, renormalised over top-k/top-p).
+vLLM's default, ``raw_logprobs``, is the model's distribution before temperature; this backend
+cannot tell which one a server sends.
 
 The weights are the server's: :meth:`OpenAIPolicy.update_weights` raises and ``version`` stays 0.
 (vLLM's server does have development-mode endpoints for weight updates: ``VLLM_SERVER_DEV_MODE=1``

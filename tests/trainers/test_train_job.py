@@ -88,7 +88,8 @@ def test_training_on_vllm_learns(engine, tiny_model_dir, tmp_path, staleness):
 
 
 @pytest.mark.slow
-def test_vllm_serves_exactly_the_trained_weights(engine, tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_vllm_serves_exactly_the_trained_weights(engine, tiny_model_dir, tmp_path, temperature):
     import asyncio
 
     from agentrl.policy import Sampling
@@ -97,7 +98,7 @@ def test_vllm_serves_exactly_the_trained_weights(engine, tiny_model_dir, tmp_pat
     from agentrl.types import Trajectory
 
     model = load_policy_model(tiny_model_dir)
-    trainer = Trainer(model, TrainerConfig(lr=1e-2, micro_batch_size=8), pad_token_id=0)
+    trainer = Trainer(model, TrainerConfig(lr=1e-2, micro_batch_size=8, temperature=temperature), pad_token_id=0)
     engine.update_weights(trainer.inference_weights())
     prompt = engine.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Say aa"}], add_generation_prompt=True, tokenize=True, return_dict=False
@@ -106,7 +107,8 @@ def test_vllm_serves_exactly_the_trained_weights(engine, tiny_model_dir, tmp_pat
     def play() -> list[Trajectory]:
         out = []
         for seed in range(8):
-            generation = asyncio.run(engine.generate(prompt, Sampling(max_tokens=12, seed=seed)))
+            sampling = Sampling(max_tokens=12, seed=seed, temperature=temperature)
+            generation = asyncio.run(engine.generate(prompt, sampling))
             n = len(generation.token_ids)
             out.append(
                 Trajectory(
@@ -129,7 +131,7 @@ def test_vllm_serves_exactly_the_trained_weights(engine, tiny_model_dir, tmp_pat
         ids = torch.tensor([trajectory.token_ids])
         mask = torch.tensor([trajectory.loss_mask], dtype=torch.float32)
         with torch.no_grad():
-            mine = generated_logprobs(model, ids, torch.ones_like(ids), mask).logprobs[0]
+            mine = generated_logprobs(model, ids, torch.ones_like(ids), mask, temperature=temperature).logprobs[0]
         theirs = torch.tensor(trajectory.logprobs)
         gap = ((mine - theirs).abs() * mask[0]).max().item()
         assert gap < 1e-4, f"vLLM and the trainer disagree by {gap:.2e} nats after a sync"

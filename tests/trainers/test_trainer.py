@@ -21,24 +21,28 @@ from agentrl.trainers.losses import token_logprobs
 from agentrl.trainers.models import inference_state_dict
 
 
-@pytest.fixture(scope="module")
-def trajectories(tiny_model_dir):
-    """16 real SayA trajectories (4 groups of 4) played by the tiny model."""
+def _play(model_dir, temperature: float = 1.0) -> list:
+    """16 real SayA trajectories (4 groups of 4) played by the tiny model at ``temperature``."""
     torch.set_num_threads(1)
-    policy = HFPolicy(tiny_model_dir)
+    policy = HFPolicy(model_dir)
     agent = ChatAgent.from_env(policy.tokenizer, agentrl.make(learnable_env.ENV_ID))
     engine = RolloutEngine(
         lambda: agentrl.make(learnable_env.ENV_ID),
         agent,
         policy,
         env_id=learnable_env.ENV_ID,
-        sampling=Sampling(max_tokens=8),
+        sampling=Sampling(max_tokens=8, temperature=temperature),
         group_size=4,
     )
     played = asyncio.run(engine.collect(4))
     policy.close()
     assert all(t.error is None for t in played)
     return sorted(played, key=lambda t: t.group_id)
+
+
+@pytest.fixture(scope="module")
+def trajectories(tiny_model_dir):
+    return _play(tiny_model_dir)
 
 
 def _trainer(model_dir, **overrides) -> Trainer:
@@ -63,6 +67,29 @@ def test_generated_logprobs_equal_a_full_forward_pass(tiny_model_dir, trajectori
     torch.testing.assert_close(fast, full, atol=1e-5, rtol=0)
     # and they are the behaviour log-probs the hf backend recorded (same weights, fp32)
     torch.testing.assert_close(fast, batch.behaviour_logprobs, atol=1e-4, rtol=0)
+
+
+def test_the_trainer_scores_the_distribution_the_rollouts_sampled_from(tiny_model_dir):
+    # Rollouts at temperature 0.7 report log-probs of logits / 0.7; a trainer told the temperature
+    # computes the same ones (plain and shared-prompt passes), so the first update's ratio is 1.
+    played = _play(tiny_model_dir, temperature=0.7)
+    model = load_policy_model(tiny_model_dir)
+    batch = collate(played, pad_token_id=0)
+    groups = torch.arange(len(played)) // 4  # sorted by group: four rows a group
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        full = token_logprobs(logits, batch.input_ids, temperature=0.7) * batch.loss_mask
+        for group_index in (None, groups):
+            tempered = generated_logprobs(
+                model, batch.input_ids, batch.attention_mask, batch.loss_mask, group_index=group_index, temperature=0.7
+            ).logprobs
+            torch.testing.assert_close(tempered, full, atol=1e-5, rtol=0)
+            torch.testing.assert_close(tempered, batch.behaviour_logprobs, atol=1e-4, rtol=0)
+        raw = generated_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask).logprobs
+    assert float((raw - batch.behaviour_logprobs).abs().max()) > 1e-2
+    # the step reports the gap: about 0 when told the temperature, plain to see when not
+    assert _trainer(tiny_model_dir, temperature=0.7, correction="tis").step(played)["train/engine_logprob_gap"] < 1e-5
+    assert _trainer(tiny_model_dir, correction="tis").step(played)["train/engine_logprob_gap"] > 1e-2
 
 
 def test_a_step_changes_the_weights_and_the_engine_copy(tiny_model_dir, trajectories):
@@ -154,6 +181,8 @@ def test_bad_settings_say_what_to_do():
     with pytest.raises(ValueError, match="at least 1"):
         TrainerConfig(micro_batch_size=0)
     assert TrainerConfig(algorithm="dr_grpo").loss_aggregation == "seq-mean-token-sum-norm"
+    with pytest.raises(ValueError, match="greedy rollouts have no sampling distribution"):
+        TrainerConfig(temperature=0.0)
 
 
 # --- data parallel: two processes with gloo make the update one process makes -------------------
