@@ -433,8 +433,10 @@ def eval_command(
 def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **options: Any) -> None:
     import os
 
-    # vLLM logs every engine step at INFO; the progress bar and the table are what a person reads.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM logs every engine step at INFO, and at WARNING its build choices (eager mode, no Triton on
+    # the CPU, LD_PRELOAD advice); the progress bar and the table are what a person reads. A user
+    # who wants them sets VLLM_LOGGING_LEVEL.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentrl.config import ConfigError, load_config
@@ -480,7 +482,7 @@ def train_command(
     """
     import os
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as for rollout: set it to see vLLM's warnings
     from agentrl.config import ConfigError, load_config
     from agentrl.train import TrainConfig, train
 
