@@ -4,9 +4,10 @@ Ray is a placement decision, not a second implementation. An :class:`EnvWorker` 
 envs and :class:`~agentrl.agents.chat.ChatAgent` s and plays a slice of the groups with the same
 engine a local rollout uses: :class:`~agentrl.rollout.RolloutEngine` for a single-agent env,
 :class:`~agentrl.multiagent.MultiAgentRolloutEngine` for a multi-agent one. Each policy is a
-:class:`RemotePolicy`, an ordinary :class:`~agentrl.policy.Policy` that awaits a :class:`PolicyActor`,
-which hosts any backend (``hf``, ``vllm``, or a factory of your own) and serves many requests at
-once; a multi-agent env maps its agents to policy ids (``mapping``), one actor per policy id.
+:class:`~agentrl.policy_actor.RemotePolicy`, an ordinary :class:`~agentrl.policy.Policy` that awaits a
+:class:`~agentrl.policy_actor.PolicyActor`, which hosts any backend (``hf``, ``vllm``, or a factory
+of your own) and serves many requests at once; a multi-agent env maps its agents to policy ids
+(``mapping``), one actor per policy id.
 :class:`DistributedRollout` is the controller: it spreads the groups over the workers and merges what
 comes back. Group ``g`` is the same task, with the same group id and seeds, as group ``g`` of a local
 engine with the same settings.
@@ -17,8 +18,8 @@ controller awaits as soon as it exists, so episodes arrive in completion order, 
 and whole. There is no queue actor and no polling; the controller only moves references.
 
 A generation an episode gives up on (its turn or episode time limit passed) is cancelled on the
-actor too: :class:`RemotePolicy` calls ``ray.cancel`` on it, which cancels the backend's coroutine,
-and the actor serves the next requests as before. vLLM then aborts the request; the ``hf`` backend
+actor too: :class:`~agentrl.policy_actor.RemotePolicy` calls ``ray.cancel`` on it, which cancels
+the backend's coroutine, and the actor serves the next requests as before. vLLM then aborts the request; the ``hf`` backend
 still computes a request it has already queued or batched, and drops the result.
 
 Faults. A worker that dies (``ray.kill``, its process killed, its node lost) ends its stream with
@@ -37,8 +38,8 @@ unplayed groups are recorded as ``WorkerDied`` failures too, so a crash that rep
 kills its process) ends the run instead of looping. Ray never restarts these actors itself
 (``max_restarts=0``, ``max_task_retries=0``): a retried stream would replay episodes that were
 already delivered, and a restarted policy engine would come back with its initial weights while the
-trainer believes it holds the latest. A dead :class:`PolicyActor` fails the episodes that wait on it
-(``ActorDiedError``, counted like any failed generation); start a new one. Any other exception from
+trainer believes it holds the latest. A dead :class:`~agentrl.policy_actor.PolicyActor` fails the
+episodes that wait on it (``ActorDiedError``, counted like any failed generation); start a new one. Any other exception from
 a worker is a bug, not a fault, and is raised to the caller.
 
 A worker does not share a filesystem with the controller unless the cluster does: the tokenizer is
@@ -57,10 +58,9 @@ import asyncio
 import contextlib
 import functools
 import math
-import os
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -85,7 +85,8 @@ from agentrl.multiagent import (
     multiagent_ids,
     policy_mapping,
 )
-from agentrl.policy import Generation, Policy, Sampling
+from agentrl.policy import Policy, Sampling
+from agentrl.policy_actor import PolicyActor, RemotePolicy, WorkerLocation, current_location
 from agentrl.rollout import EpisodeLimits, GroupScheduler, RolloutEngine, RolloutStats, group_name
 from agentrl.types import Trajectory, write_jsonl
 
@@ -97,183 +98,11 @@ if TYPE_CHECKING:
 _DEATHS = (RayActorError, ObjectLostError)
 
 
-class WorkerLocation(NamedTuple):
-    """Where an actor runs."""
-
-    node_id: str
-    """The Ray node id (hex) of its node."""
-    pid: int
-    """Its process id on that node."""
-
-
-def _here() -> WorkerLocation:
-    return WorkerLocation(ray.get_runtime_context().get_node_id(), os.getpid())
-
-
-# --- the policy -------------------------------------------------------------------------------------
-
-
-def build_policy(
-    backend: str | Callable[[], Policy], model: str | Path | None = None, options: Mapping[str, Any] | None = None
-) -> Policy:
-    """The policy named by ``backend`` serving ``model``, built with keyword ``options``.
-
-    ``backend`` is ``hf`` (:class:`~agentrl.policies.hf.HFPolicy`), ``vllm``
-    (:class:`~agentrl.policies.vllm.VLLMPolicy`), ``scripted`` (:class:`~agentrl.testing.ScriptedPolicy`
-    with ``model``'s tokenizer, for tests of the machinery), or a picklable zero-argument callable
-    that returns a policy (then ``model`` and ``options`` must be left out).
-    """
-    if callable(backend):
-        if model is not None or options:
-            raise ValueError("build_policy: a callable backend takes no model or options; bind them into it.")
-        return backend()
-    if backend not in _BACKENDS:
-        raise ValueError(f"Unknown backend {backend!r}; expected one of {sorted(_BACKENDS)} or a callable.")
-    if model is None:
-        raise ValueError(f"The {backend!r} backend needs a model (a checkpoint directory or a hub id).")
-    return _BACKENDS[backend](str(model), **dict(options or {}))
-
-
-def _hf(model: str, **options: Any) -> Policy:
-    from agentrl.policies.hf import HFPolicy
-
-    return HFPolicy(model, **options)
-
-
-def _vllm(model: str, **options: Any) -> Policy:
-    from agentrl.policies.vllm import VLLMPolicy
-
-    return VLLMPolicy(model, **options)
-
-
-def _scripted(model: str, **options: Any) -> Policy:
-    from transformers import AutoTokenizer
-
-    from agentrl.testing import ScriptedPolicy
-
-    tokenizer: Any = AutoTokenizer.from_pretrained(model)
-    return ScriptedPolicy(tokenizer, **options)
-
-
-_BACKENDS: dict[str, Callable[..., Policy]] = {"hf": _hf, "vllm": _vllm, "scripted": _scripted}
-
-
-class PolicyRequests(NamedTuple):
-    """A :class:`PolicyActor`'s generation requests so far."""
-
-    received: int
-    cancelled: int
-    """Cancelled by their caller (an episode that timed out) before they finished."""
-    in_flight: int
-
-
-@ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
-class PolicyActor:
-    """One policy (any backend, see :func:`build_policy`) served from a Ray actor.
-
-    The methods are async, so Ray runs many requests at once on the actor's event loop (up to its
-    ``max_concurrency``, 1000 by default) and the backend batches them. Pass Ray options as usual,
-    e.g. ``PolicyActor.options(num_gpus=1).remote("vllm", path, {"max_model_len": 4096})``.
-    """
-
-    def __init__(
-        self,
-        backend: str | Callable[[], Policy],
-        model: str | Path | None = None,
-        options: Mapping[str, Any] | None = None,
-    ):
-        self.policy = build_policy(backend, model, options)
-        self._received = self._cancelled = self._in_flight = 0
-
-    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
-        """:meth:`Policy.generate <agentrl.policy.Policy.generate>` on the hosted policy.
-
-        ``ray.cancel`` on this call (what :class:`RemotePolicy` does when its episode gives up)
-        cancels the backend's generation, which aborts the request in the engine (vLLM's
-        ``AsyncLLM`` aborts a request whose caller is cancelled).
-        """
-        self._received += 1
-        self._in_flight += 1
-        try:
-            return await self.policy.generate(prompt_ids, sampling)
-        except asyncio.CancelledError:
-            self._cancelled += 1
-            raise
-        finally:
-            self._in_flight -= 1
-
-    async def requests(self) -> PolicyRequests:
-        """How many generations this actor has received, had cancelled, and is running now."""
-        return PolicyRequests(self._received, self._cancelled, self._in_flight)
-
-    async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
-        """Load new weights into the hosted policy; return its new version."""
-        update = getattr(self.policy, "aupdate_weights", None)
-        if update is not None:
-            return int(await update(named_tensors))
-        # A blocking update (hf's waits for the running batch) goes to a thread so that requests
-        # keep arriving meanwhile.
-        return await asyncio.to_thread(self.policy.update_weights, named_tensors)
-
-    async def version(self) -> int:
-        """The hosted policy's version."""
-        return self.policy.version
-
-    async def location(self) -> WorkerLocation:
-        """The node and process this actor runs in."""
-        return _here()
-
-    async def close(self) -> None:
-        """Free the engine (the actor stays up; ``ray.kill`` it to end it)."""
-        self.policy.close()
-
-
-class RemotePolicy:
-    """A :class:`~agentrl.policy.Policy` whose engine is a :class:`PolicyActor`, for the caller's side.
-
-    Anything that takes a policy takes this one, which is how an :class:`EnvWorker` runs the local
-    engine unchanged. ``version`` is the newest version this side has seen, from a generation or an
-    update made through it; the actor's own is ``await actor.version.remote()``.
-    """
-
-    def __init__(self, actor: ActorHandle):
-        self.actor = actor
-        self._version = 0
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
-        ref: ray.ObjectRef[Generation] = self.actor.generate.remote(list(prompt_ids), sampling)
-        try:
-            generation: Generation = await ref
-        except asyncio.CancelledError:
-            ray.cancel(ref)  # the episode gave up on it (a timeout): free the engine's slot too
-            raise
-        self._version = max(self._version, generation.version)
-        return generation
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
-        """Send new weights to the actor and wait for it to load them; return the new version."""
-        version = cast(int, ray.get(self.actor.update_weights.remote(list(named_tensors))))
-        self._version = version
-        return version
-
-    async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
-        """:meth:`update_weights` without blocking the caller's event loop."""
-        self._version = int(await self.actor.update_weights.remote(list(named_tensors)))
-        return self._version
-
-    def close(self) -> None:
-        """Nothing to free here: the actor belongs to whoever started it."""
-
-
 # --- the env workers --------------------------------------------------------------------------------
 
 
 Policies = ActorHandle | Mapping[str, ActorHandle]
-"""One :class:`PolicyActor` (serving policy id ``policy_id``), or one per policy id."""
+"""One :class:`~agentrl.policy_actor.PolicyActor` (serving policy id ``policy_id``), or one per policy id."""
 Tokenizers = str | Path | Mapping[str, str | Path]
 """One tokenizer (a path or hub id) for every policy, or one per policy id."""
 
@@ -288,7 +117,7 @@ class EnvWorker:
     actor of its policy id under ``mapping``. Everything else is built here from plain values: the
     envs from ``env_id`` and ``env_kwargs``, each agent's :class:`~agentrl.agents.chat.ChatAgent`
     from the tokenizer of its policy and the env's tools, and each policy as a
-    :class:`RemotePolicy` on its actor. The other arguments are the engines' own; ``concurrency``
+    :class:`~agentrl.policy_actor.RemotePolicy` on its actor. The other arguments are the engines' own; ``concurrency``
     bounds the episodes of one :meth:`run` call.
     """
 
@@ -384,7 +213,7 @@ class EnvWorker:
 
     async def location(self) -> WorkerLocation:
         """The node and process this worker runs in (waits until it is built)."""
-        return _here()
+        return current_location()
 
     async def close(self) -> None:
         """Close the idle envs (sandboxes and the like) before the actor is killed."""
@@ -466,7 +295,7 @@ class DistributedRollout:
     docstring for what happens when a worker dies.
 
     A multi-agent ``env_id`` plays as :class:`~agentrl.multiagent.MultiAgentRolloutEngine` does:
-    ``policy`` maps each policy id of ``mapping`` to its :class:`PolicyActor` (and ``tokenizer``
+    ``policy`` maps each policy id of ``mapping`` to its :class:`~agentrl.policy_actor.PolicyActor` (and ``tokenizer``
     may map policy ids to their tokenizers), and every episode yields one trajectory per agent.
     """
 
@@ -546,6 +375,12 @@ class DistributedRollout:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def next_group(self) -> int:
+        """The number of the next call's first group: groups are numbered on from call to call, as a
+        local engine numbers them."""
+        return self._next_group
 
     async def stream_episodes(
         self, num_groups: int, buffer: TrajectoryBuffer | None = None
@@ -810,7 +645,7 @@ def rollout_on_ray(
     on_trajectory: Callable[[Trajectory, RolloutStats], None] | None = None,
 ) -> tuple[list[Trajectory], RolloutStats]:
     """:func:`agentrl.run.rollout` on the Ray cluster at ``config.ray_address``: one env worker per
-    node, sharing ``config.concurrency`` between them, and a :class:`PolicyActor` built by
+    node, sharing ``config.concurrency`` between them, and a :class:`~agentrl.policy_actor.PolicyActor` built by
     :func:`~agentrl.run.make_policy` from the same config (or ``policy``, a running one)."""
     from agentrl.models import resolve_model
     from agentrl.run import collect, limits_of, make_policy, sampling_of

@@ -475,7 +475,7 @@ def _save(run_dir: str, step: int, trainer_state: Any, state: Any, buffered: Any
 
 class _RaySession:
     """With ``rollout.ray_address``, the inference engine runs as a Ray actor and the trainer's
-    weights reach it through Ray's object store (:class:`agentrl.distributed.RemotePolicy`)."""
+    weights reach it through Ray's object store (:class:`agentrl.policy_actor.RemotePolicy`)."""
 
     def __init__(self, address: str | None):
         self.address = address
@@ -488,7 +488,7 @@ class _RaySession:
 
         import ray
 
-        from agentrl.distributed import PolicyActor, RemotePolicy
+        from agentrl.policy_actor import PolicyActor, RemotePolicy
 
         if not ray.is_initialized():
             ray.init(address=None if self.address == "local" else self.address)

@@ -29,9 +29,10 @@ import agentrl  # noqa: E402
 from agentrl import Message  # noqa: E402
 from agentrl.agents import ChatAgent  # noqa: E402
 from agentrl.buffer import TrajectoryBuffer  # noqa: E402
-from agentrl.distributed import DistributedRollout, PolicyActor, _runs, _split, build_policy  # noqa: E402
+from agentrl.distributed import DistributedRollout, _runs, _split  # noqa: E402
 from agentrl.multiagent import MultiAgentRolloutEngine, make_multiagent  # noqa: E402
 from agentrl.policy import Sampling  # noqa: E402
+from agentrl.policy_actor import PolicyActor, build_policy  # noqa: E402
 from agentrl.rollout import EpisodeLimits, RolloutEngine  # noqa: E402
 from agentrl.run import RolloutConfig, rollout  # noqa: E402
 from agentrl.testing import ScriptedPolicy, max_logprob_gap, reference_model  # noqa: E402
@@ -267,6 +268,7 @@ class TestLocalCluster:
 
     def test_killed_workers_are_replaced_and_every_episode_is_accounted_for(self, scripted_rollout, tiny_tokenizer):
         controller = scripted_rollout
+        assert controller.next_group == 0, "this test compares with a local engine's first 16 groups: run it first"
         first_two = list(controller.workers)
 
         async def play():
@@ -302,6 +304,7 @@ class TestLocalCluster:
         buffer = TrajectoryBuffer(group_size=2)
         victim = controller.workers[0]
         delivered_before = victim.episodes
+        first = controller.next_group  # the module's controller has played other tests' groups
 
         async def play():
             trajectories = []
@@ -312,15 +315,15 @@ class TestLocalCluster:
             return trajectories
 
         trajectories = asyncio.run(play())
-        # The numbering continues after the 16 groups of the previous call, as a local engine's does.
+        # The numbering continues after the previous calls' groups, as a local engine's does.
         counts = Counter(t.group_id for t in trajectories)
-        assert sorted(counts.items()) == sorted((f"{ENV_ID}#0-{g}", 2) for g in range(16, 24))
+        assert sorted(counts.items()) == sorted((f"{ENV_ID}#0-{g}", 2) for g in range(first, first + 8))
         failed = [t for t in trajectories if t.error is not None]
-        # Groups 16-19 were the victim's, and nothing may be played again: every episode of them
-        # that it did not deliver is a WorkerDied failure.
+        # The first four groups were the victim's, and nothing may be played again: every episode
+        # of them that it did not deliver is a WorkerDied failure.
         assert len(failed) == 8 - (victim.episodes - delivered_before) >= 2
         assert all(t.error.startswith("WorkerDied: ") for t in failed)
-        assert {t.group_id for t in failed} <= {f"{ENV_ID}#0-{g}" for g in range(16, 20)}
+        assert {t.group_id for t in failed} <= {f"{ENV_ID}#0-{g}" for g in range(first, first + 4)}
         assert buffer.stats.failed == len(failed)
         assert buffer.stats.released_groups + buffer.stats.incomplete_groups == 8
         assert [len(g) for g in buffer.get_nowait(8)] == [2] * buffer.stats.released_groups

@@ -149,7 +149,8 @@ def generated_logprobs(
     entropy = torch.zeros_like(logprobs)
     if not _plain_head(base):
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-        _fill(logprobs, entropy, logits, input_ids, loss_mask, torch.arange(len(input_ids)), 0, entropy_grad, temperature)
+        every_row = torch.arange(len(input_ids))
+        _fill(logprobs, entropy, logits, input_ids, loss_mask, every_row, 0, entropy_grad, temperature)
         return TokenStats(logprobs, entropy)
     backbone, head = getattr(base, base.base_model_prefix), base.get_output_embeddings()
     for rows, prefix in _shared_prefixes(input_ids, loss_mask, group_index):

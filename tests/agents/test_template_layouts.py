@@ -17,7 +17,7 @@ from tokenizers import AddedToken
 
 from agentrl import Message, tool
 from agentrl.agents import ChatAgent
-from agentrl.agents.chat import _shape
+from agentrl.agents.layouts import message_shape
 from agentrl.testing import build_tiny_tokenizer
 
 from test_chat import LLAMA_STYLE_TEMPLATE, THINKING_TEMPLATE  # this folder is on sys.path (pytest rootdir import)
@@ -161,6 +161,6 @@ def test_the_system_run_with_the_tool_schemas_is_memoised_exactly(tiny_tokenizer
     ]
     for prompt in prompts * 2:
         assert agent.prompt_ids(prompt) == full_prompt_ids(agent, prompt)
-    layout = agent._layouts[("prompt", True, *map(_shape, prompts[0]))]
+    layout = agent._layouts[("prompt", True, *map(message_shape, prompts[0]))]
     # Two system prompts (each behind the agent's own) met twice each: two memo entries, no more.
     assert layout is not None and len(layout._memo) == 2

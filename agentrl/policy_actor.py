@@ -1,0 +1,199 @@
+"""A policy served from a Ray actor (:class:`PolicyActor`), and its caller's side (:class:`RemotePolicy`).
+
+:class:`PolicyActor` hosts any backend (``hf``, ``vllm``, ``scripted``, or a factory of your own, see
+:func:`build_policy`) and serves many requests at once from its event loop; the backend batches
+them. :class:`RemotePolicy` is an ordinary :class:`~agentrl.policy.Policy` that awaits the actor, so
+anything that takes a policy (a rollout engine in an env worker, the trainer's weight sync) takes a
+remote one unchanged. A generation its caller gives up on is cancelled on the actor with
+``ray.cancel``; vLLM then aborts the request. The env workers and the controller that use these are
+in :mod:`agentrl.distributed`.
+
+>>> actor = PolicyActor.options(num_gpus=1).remote("vllm", "path/to/checkpoint")  # doctest: +SKIP
+>>> policy = RemotePolicy(actor)                                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, cast
+
+try:
+    import ray
+except ImportError as e:  # an optional dependency: say which extra brings it
+    raise ImportError("agentrl.policy_actor needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0.") from e
+from ray.actor import ActorHandle
+
+from agentrl.policy import Generation, Policy, Sampling
+
+
+class WorkerLocation(NamedTuple):
+    """Where an actor runs."""
+
+    node_id: str
+    """The Ray node id (hex) of its node."""
+    pid: int
+    """Its process id on that node."""
+
+
+def current_location() -> WorkerLocation:
+    """Where the calling process runs (inside a Ray worker or driver)."""
+    return WorkerLocation(ray.get_runtime_context().get_node_id(), os.getpid())
+
+
+def build_policy(
+    backend: str | Callable[[], Policy], model: str | Path | None = None, options: Mapping[str, Any] | None = None
+) -> Policy:
+    """The policy named by ``backend`` serving ``model``, built with keyword ``options``.
+
+    ``backend`` is ``hf`` (:class:`~agentrl.policies.hf.HFPolicy`), ``vllm``
+    (:class:`~agentrl.policies.vllm.VLLMPolicy`), ``scripted`` (:class:`~agentrl.testing.ScriptedPolicy`
+    with ``model``'s tokenizer, for tests of the machinery), or a picklable zero-argument callable
+    that returns a policy (then ``model`` and ``options`` must be left out).
+    """
+    if callable(backend):
+        if model is not None or options:
+            raise ValueError("build_policy: a callable backend takes no model or options; bind them into it.")
+        return backend()
+    if backend not in _BACKENDS:
+        raise ValueError(f"Unknown backend {backend!r}; expected one of {sorted(_BACKENDS)} or a callable.")
+    if model is None:
+        raise ValueError(f"The {backend!r} backend needs a model (a checkpoint directory or a hub id).")
+    return _BACKENDS[backend](str(model), **dict(options or {}))
+
+
+def _hf(model: str, **options: Any) -> Policy:
+    from agentrl.policies.hf import HFPolicy
+
+    return HFPolicy(model, **options)
+
+
+def _vllm(model: str, **options: Any) -> Policy:
+    from agentrl.policies.vllm import VLLMPolicy
+
+    return VLLMPolicy(model, **options)
+
+
+def _scripted(model: str, **options: Any) -> Policy:
+    from transformers import AutoTokenizer
+
+    from agentrl.testing import ScriptedPolicy
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(model)
+    return ScriptedPolicy(tokenizer, **options)
+
+
+_BACKENDS: dict[str, Callable[..., Policy]] = {"hf": _hf, "vllm": _vllm, "scripted": _scripted}
+
+
+class PolicyRequests(NamedTuple):
+    """A :class:`PolicyActor`'s generation requests so far."""
+
+    received: int
+    cancelled: int
+    """Cancelled by their caller (an episode that timed out) before they finished."""
+    in_flight: int
+
+
+@ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
+class PolicyActor:
+    """One policy (any backend, see :func:`build_policy`) served from a Ray actor.
+
+    The methods are async, so Ray runs many requests at once on the actor's event loop (up to its
+    ``max_concurrency``, 1000 by default) and the backend batches them. Pass Ray options as usual,
+    e.g. ``PolicyActor.options(num_gpus=1).remote("vllm", path, {"max_model_len": 4096})``.
+    """
+
+    def __init__(
+        self,
+        backend: str | Callable[[], Policy],
+        model: str | Path | None = None,
+        options: Mapping[str, Any] | None = None,
+    ):
+        self.policy = build_policy(backend, model, options)
+        self._received = self._cancelled = self._in_flight = 0
+
+    async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+        """:meth:`Policy.generate <agentrl.policy.Policy.generate>` on the hosted policy.
+
+        ``ray.cancel`` on this call (what :class:`RemotePolicy` does when its episode gives up)
+        cancels the backend's generation, which aborts the request in the engine (vLLM's
+        ``AsyncLLM`` aborts a request whose caller is cancelled).
+        """
+        self._received += 1
+        self._in_flight += 1
+        try:
+            return await self.policy.generate(prompt_ids, sampling)
+        except asyncio.CancelledError:
+            self._cancelled += 1
+            raise
+        finally:
+            self._in_flight -= 1
+
+    async def requests(self) -> PolicyRequests:
+        """How many generations this actor has received, had cancelled, and is running now."""
+        return PolicyRequests(self._received, self._cancelled, self._in_flight)
+
+    async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
+        """Load new weights into the hosted policy; return its new version."""
+        update = getattr(self.policy, "aupdate_weights", None)
+        if update is not None:
+            return int(await update(named_tensors))
+        # A blocking update (hf's waits for the running batch) goes to a thread so that requests
+        # keep arriving meanwhile.
+        return await asyncio.to_thread(self.policy.update_weights, named_tensors)
+
+    async def version(self) -> int:
+        """The hosted policy's version."""
+        return self.policy.version
+
+    async def location(self) -> WorkerLocation:
+        """The node and process this actor runs in."""
+        return current_location()
+
+    async def close(self) -> None:
+        """Free the engine (the actor stays up; ``ray.kill`` it to end it)."""
+        self.policy.close()
+
+
+class RemotePolicy:
+    """A :class:`~agentrl.policy.Policy` whose engine is a :class:`PolicyActor`, for the caller's side.
+
+    Anything that takes a policy takes this one, which is how an :class:`EnvWorker` runs the local
+    engine unchanged. ``version`` is the newest version this side has seen, from a generation or an
+    update made through it; the actor's own is ``await actor.version.remote()``.
+    """
+
+    def __init__(self, actor: ActorHandle):
+        self.actor = actor
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        ref: ray.ObjectRef[Generation] = self.actor.generate.remote(list(prompt_ids), sampling)
+        try:
+            generation: Generation = await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)  # the episode gave up on it (a timeout): free the engine's slot too
+            raise
+        self._version = max(self._version, generation.version)
+        return generation
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """Send new weights to the actor and wait for it to load them; return the new version."""
+        version = cast(int, ray.get(self.actor.update_weights.remote(list(named_tensors))))
+        self._version = version
+        return version
+
+    async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """:meth:`update_weights` without blocking the caller's event loop."""
+        self._version = int(await self.actor.update_weights.remote(list(named_tensors)))
+        return self._version
+
+    def close(self) -> None:
+        """Nothing to free here: the actor belongs to whoever started it."""
