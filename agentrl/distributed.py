@@ -19,8 +19,8 @@ and whole. There is no queue actor and no polling; the controller only moves ref
 
 A generation an episode gives up on (its turn or episode time limit passed) is cancelled on the
 actor too: :class:`~agentrl.policy_actor.RemotePolicy` calls ``ray.cancel`` on it, which cancels
-the backend's coroutine, and the actor serves the next requests as before. vLLM then aborts the request; the ``hf`` backend
-still computes a request it has already queued or batched, and drops the result.
+the backend's coroutine, and the actor serves the next requests as before. vLLM then aborts the
+request; the ``hf`` backend drops it from its queue, or stops its row of the running batch.
 
 Faults. A worker that dies (``ray.kill``, its process killed, its node lost) ends its stream with
 ``ActorDiedError``, after the trajectories it had already sent. The controller then accounts for

@@ -5,8 +5,8 @@
 them. :class:`RemotePolicy` is an ordinary :class:`~agentrl.policy.Policy` that awaits the actor, so
 anything that takes a policy (a rollout engine in an env worker, the trainer's weight sync) takes a
 remote one unchanged. A generation its caller gives up on is cancelled on the actor with
-``ray.cancel``; vLLM then aborts the request. The env workers and the controller that use these are
-in :mod:`agentrl.distributed`.
+``ray.cancel``; the engine then stops the request (vLLM aborts it, ``hf`` stops its row). The env
+workers and the controller that use these are in :mod:`agentrl.distributed`.
 
 >>> actor = PolicyActor.options(num_gpus=1).remote("vllm", "path/to/checkpoint")  # doctest: +SKIP
 >>> policy = RemotePolicy(actor)                                                  # doctest: +SKIP

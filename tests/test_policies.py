@@ -94,6 +94,38 @@ def test_concurrent_requests_are_batched_and_each_stops_on_its_own(hf_policy):
         assert (g.finish_reason == "length") == (len(g.token_ids) == 5 + i and g.token_ids[-1] not in hf_policy.stop_token_ids)
 
 
+def test_a_cancelled_request_stops_its_row_and_a_queued_one_is_never_computed(tiny_model_dir):
+    policy = HFPolicy(tiny_model_dir)
+    prompt = policy.tokenizer.encode("Count to a thousand:")
+    long = Sampling(max_tokens=900, stop_token_ids=(), seed=0)
+
+    async def pair(cancel_first: bool):
+        first = asyncio.ensure_future(policy.generate(prompt, long))
+        second = asyncio.ensure_future(policy.generate(prompt, long))  # same batch
+        if not cancel_first:
+            return await asyncio.gather(first, second)
+        await asyncio.sleep(0.5)  # both rows are running now
+        queued = asyncio.ensure_future(policy.generate(prompt, Sampling(max_tokens=3, temperature=0.5)))
+        await asyncio.sleep(0)
+        queued.cancel()  # gives up before its batch starts
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        return [None, await second]
+
+    try:
+        _, alone = asyncio.run(pair(cancel_first=False))
+        _, partner = asyncio.run(pair(cancel_first=True))
+        after = asyncio.run(policy.generate(prompt, Sampling(max_tokens=4)))
+    finally:
+        policy.close()
+    # The other row of the batch is untouched (same seed, same batch: the same tokens), the queued
+    # request was never run, the cancelled row stopped, and the policy serves on.
+    assert partner == alone and len(alone.token_ids) > 100
+    assert policy.requests == (6, 1, 1)  # received, dropped from the queue, aborted mid-batch
+    assert 1 <= len(after.token_ids) <= 4
+
+
 def test_rollout_cli_with_the_hf_backend_writes_jsonl(tiny_model_dir, tmp_path):
     from typer.testing import CliRunner
 

@@ -5,6 +5,11 @@ requests with the same sampling settings) and run in a worker thread, so the eve
 and many episodes share the model. Log-probs are those of the distribution each token was sampled
 from (``output_scores``: logits / temperature, renormalised over top-k/top-p), as the ``vllm``
 backend reports them; greedy requests report the raw logits' distribution (``output_logits``).
+
+A request whose caller gives up (an episode's time limit) costs little: dropped from the queue if
+its batch has not started, otherwise its row stops at the next token (a stopping criterion reads
+the caller's cancelled future), and a batch whose rows have all stopped ends. :attr:`HFPolicy.requests`
+counts both.
 """
 
 from __future__ import annotations
@@ -14,9 +19,19 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentrl.policy import Generation, Sampling
+
+
+class HFRequests(NamedTuple):
+    """An :class:`HFPolicy`'s generation requests so far."""
+
+    received: int
+    dropped: int
+    """Cancelled by their caller while queued: never computed."""
+    aborted: int
+    """Cancelled by their caller while their batch ran: their rows stopped at the next token."""
 
 
 _GATHER_STEP_S = 0.02
@@ -63,11 +78,17 @@ class HFPolicy:
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
         self._weights_lock = threading.Lock()  # a weight update never lands mid-batch
+        self._received = self._dropped = self._aborted = 0
         self.stop_token_ids = _stop_ids(self.tokenizer, self.model)
 
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def requests(self) -> HFRequests:
+        """How many requests this policy received, dropped from its queue, and aborted mid-batch."""
+        return HFRequests(self._received, self._dropped, self._aborted)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         loop = asyncio.get_running_loop()
@@ -75,6 +96,7 @@ class HFPolicy:
             self._wakeup = asyncio.Event()
             self._worker = loop.create_task(self._serve())
         request = _Request(list(prompt_ids), sampling, loop.create_future())
+        self._received += 1
         self._queue.append(request)
         assert self._wakeup is not None
         self._wakeup.set()
@@ -101,12 +123,18 @@ class HFPolicy:
             self._wakeup.clear()
             while self._queue:
                 await self._gather_requests()
-                first = self._queue[0].sampling
-                batch = [r for r in self._queue if r.sampling == first][: self.max_batch_size]
+                live = [r for r in self._queue if not r.future.done()]  # a caller that gave up (timeout)
+                self._dropped += len(self._queue) - len(live)
+                self._queue = live
+                if not live:
+                    break
+                first = live[0].sampling
+                batch = [r for r in live if r.sampling == first][: self.max_batch_size]
                 for request in batch:
                     self._queue.remove(request)
                 try:
-                    results = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch], first)
+                    futures = [r.future for r in batch]
+                    results = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch], first, futures)
                 except Exception as e:  # one bad batch fails its requests, not the server
                     for request in batch:
                         if not request.future.done():
@@ -126,8 +154,30 @@ class HFPolicy:
             if len(self._queue) == size or len(self._queue) >= self.max_batch_size:
                 return
 
-    def _generate_batch(self, prompts: list[list[int]], sampling: Sampling) -> list[Generation]:
+    def _generate_batch(
+        self, prompts: list[list[int]], sampling: Sampling, futures: Sequence[asyncio.Future[Any]] = ()
+    ) -> list[Generation]:
         import torch
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        policy = self
+
+        class _Cancelled(StoppingCriteria):
+            """Stops the rows whose callers have cancelled (read between tokens; a cancelled future
+            stays cancelled, so reading it from this thread is safe)."""
+
+            def __init__(self) -> None:
+                self.stopped = [False] * len(futures)
+
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+                for row, future in enumerate(futures):
+                    if future.cancelled():
+                        if not self.stopped[row]:
+                            self.stopped[row] = True
+                            policy._aborted += 1
+                        done[row] = True
+                return done
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         width = max(len(p) for p in prompts)
@@ -142,6 +192,8 @@ class HFPolicy:
             output_logits=sampling.temperature == 0,
             output_scores=sampling.temperature > 0,
         )
+        if futures:
+            options["stopping_criteria"] = StoppingCriteriaList([_Cancelled()])
         if sampling.temperature > 0:
             options.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         else:
