@@ -39,8 +39,8 @@ kills its process) ends the run instead of looping. Ray never restarts these act
 (``max_restarts=0``, ``max_task_retries=0``): a retried stream would replay episodes that were
 already delivered, and a restarted policy engine would come back with its initial weights while the
 trainer believes it holds the latest. A dead :class:`~agentrl.policy_actor.PolicyActor` fails the
-episodes that wait on it (``ActorDiedError``, counted like any failed generation); start a new one. Any other exception from
-a worker is a bug, not a fault, and is raised to the caller.
+episodes that wait on it (``ActorDiedError``, counted like any failed generation); start a new
+one. Any other exception from a worker is a bug, not a fault, and is raised to the caller.
 
 A worker does not share a filesystem with the controller unless the cluster does: the tokenizer is
 a path or hub id that must load on every node that runs a worker.
@@ -117,8 +117,8 @@ class EnvWorker:
     actor of its policy id under ``mapping``. Everything else is built here from plain values: the
     envs from ``env_id`` and ``env_kwargs``, each agent's :class:`~agentrl.agents.chat.ChatAgent`
     from the tokenizer of its policy and the env's tools, and each policy as a
-    :class:`~agentrl.policy_actor.RemotePolicy` on its actor. The other arguments are the engines' own; ``concurrency``
-    bounds the episodes of one :meth:`run` call.
+    :class:`~agentrl.policy_actor.RemotePolicy` on its actor. The other arguments are the engines'
+    own; ``concurrency`` bounds the episodes of one :meth:`run` call.
     """
 
     def __init__(
@@ -295,8 +295,9 @@ class DistributedRollout:
     docstring for what happens when a worker dies.
 
     A multi-agent ``env_id`` plays as :class:`~agentrl.multiagent.MultiAgentRolloutEngine` does:
-    ``policy`` maps each policy id of ``mapping`` to its :class:`~agentrl.policy_actor.PolicyActor` (and ``tokenizer``
-    may map policy ids to their tokenizers), and every episode yields one trajectory per agent.
+    ``policy`` maps each policy id of ``mapping`` to its :class:`~agentrl.policy_actor.PolicyActor`
+    (and ``tokenizer`` may map policy ids to their tokenizers), and every episode yields one
+    trajectory per agent.
     """
 
     def __init__(

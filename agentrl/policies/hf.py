@@ -132,9 +132,9 @@ class HFPolicy:
                 batch = [r for r in live if r.sampling == first][: self.max_batch_size]
                 for request in batch:
                     self._queue.remove(request)
+                prompts, futures = [r.prompt_ids for r in batch], [r.future for r in batch]
                 try:
-                    futures = [r.future for r in batch]
-                    results = await asyncio.to_thread(self._generate_batch, [r.prompt_ids for r in batch], first, futures)
+                    results = await asyncio.to_thread(self._generate_batch, prompts, first, futures)
                 except Exception as e:  # one bad batch fails its requests, not the server
                     for request in batch:
                         if not request.future.done():
