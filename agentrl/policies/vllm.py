@@ -119,7 +119,9 @@ class VLLMPolicy:
 
     def close(self) -> None:
         engine, self.engine = self.engine, None
-        if engine is not None:
+        if engine is not None and self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(_shut_down(engine), self._loop).result(timeout=120)
+        elif engine is not None:
             engine.shutdown()
         self._stop_loop()
 
@@ -174,6 +176,24 @@ class VLLMPolicy:
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+
+
+async def _shut_down(engine: Any) -> None:
+    """Shut the engine down from its own loop, its tasks first.
+
+    Its output handler is cancelled before the engine core stops, so it does not read the core's
+    exit as a crash (an ``EngineDeadError`` traceback in the log); every task left on the loop is
+    then cancelled and awaited, so none is left for the garbage collector to report as pending.
+    """
+    handler = getattr(engine, "output_handler", None)
+    if handler is not None:
+        handler.cancel()
+        await asyncio.gather(handler, return_exceptions=True)
+    engine.shutdown()
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in others:
+        task.cancel()
+    await asyncio.gather(*others, return_exceptions=True)
 
 
 @contextlib.contextmanager
