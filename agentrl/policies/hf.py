@@ -158,26 +158,7 @@ class HFPolicy:
         self, prompts: list[list[int]], sampling: Sampling, futures: Sequence[asyncio.Future[Any]] = ()
     ) -> list[Generation]:
         import torch
-        from transformers import StoppingCriteria, StoppingCriteriaList
-
-        policy = self
-
-        class _Cancelled(StoppingCriteria):
-            """Stops the rows whose callers have cancelled (read between tokens; a cancelled future
-            stays cancelled, so reading it from this thread is safe)."""
-
-            def __init__(self) -> None:
-                self.stopped = [False] * len(futures)
-
-            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
-                done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-                for row, future in enumerate(futures):
-                    if future.cancelled():
-                        if not self.stopped[row]:
-                            self.stopped[row] = True
-                            policy._aborted += 1
-                        done[row] = True
-                return done
+        from transformers import StoppingCriteriaList
 
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.stop_token_ids[0]
         width = max(len(p) for p in prompts)
@@ -193,7 +174,7 @@ class HFPolicy:
             output_scores=sampling.temperature > 0,
         )
         if futures:
-            options["stopping_criteria"] = StoppingCriteriaList([_Cancelled()])
+            options["stopping_criteria"] = StoppingCriteriaList([_StopCancelled(self, futures)])
         if sampling.temperature > 0:
             options.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         else:
@@ -215,6 +196,29 @@ class HFPolicy:
             end = end if end is not None else len(ids)
             results.append(Generation(ids[:end], chosen[row, :end].tolist(), version, finish))
         return results
+
+
+class _StopCancelled:
+    """A stopping criterion that ends the rows whose callers have cancelled. It runs between tokens
+    in the generation thread; reading a future's cancelled flag there is safe, as a cancelled future
+    stays cancelled."""
+
+    def __init__(self, policy: HFPolicy, futures: Sequence[asyncio.Future[Any]]):
+        self.policy = policy
+        self.futures = futures
+        self.stopped = [False] * len(futures)
+
+    def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+        import torch
+
+        done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        for row, future in enumerate(self.futures):
+            if future.cancelled():
+                if not self.stopped[row]:
+                    self.stopped[row] = True
+                    self.policy._aborted += 1
+                done[row] = True
+        return done
 
 
 def _stop_ids(tokenizer: Any, model: Any) -> list[int]:
