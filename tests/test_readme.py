@@ -43,3 +43,34 @@ def test_quickstart_config_loads_and_names_a_registered_env():
     config = load_config(TrainConfig, README.parent / "examples" / "quickstart.yaml")
     assert config.rollout.env_id in agentrl.registered_ids()
     assert "agentrl train examples/quickstart.yaml" in "\n".join(README.read_text().splitlines()[:20])
+
+
+def test_the_main_job_runs_as_configured_with_a_tiny_model_and_budget(tiny_model_dir, tmp_path):
+    # examples/quickstart.yaml as it stands (async one batch ahead, one trainer thread, GRPO on
+    # ToolArithmetic), with only the model, the backend and the budget made small.
+    import json
+
+    small = [
+        f"rollout.model={tiny_model_dir}",
+        "rollout.backend=hf",
+        "rollout.group_size=2",
+        "groups_per_step=1",
+        "steps=3",
+        "eval_episodes=2",
+        "trainer.micro_batch_size=2",
+        "trainer.trainable_layers=1",
+        f"run_dir={tmp_path / 'run'}",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", str(README.parent / "examples" / "quickstart.yaml"), *small],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "held-out" in done.stdout and "before" in done.stdout
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    trained = [s for s in steps if "train/loss" in s]
+    assert [s["step"] for s in trained] == [1, 2, 3]
+    assert max(s["train/staleness_max"] for s in trained) <= 1  # max_staleness: 1 from the file
+    assert (tmp_path / "run" / "curves.png").exists() and (tmp_path / "run" / "model").is_dir()
