@@ -87,7 +87,7 @@ from agentrl.multiagent import (
 )
 from agentrl.policy import Policy, Sampling
 from agentrl.policy_actor import PolicyActor, RemotePolicy, WorkerLocation, current_location
-from agentrl.rollout import EpisodeLimits, GroupScheduler, RolloutEngine, RolloutStats, group_name
+from agentrl.rollout import EpisodeLimits, GroupScheduler, RolloutEngine, RolloutStats, add_episode, group_name
 from agentrl.types import Trajectory, write_jsonl
 
 if TYPE_CHECKING:
@@ -536,11 +536,7 @@ class DistributedRollout:
     def _count(self, episode: list[Trajectory], seconds: float) -> None:
         self.episodes += 1
         self.failed_episodes += any(t.error is not None for t in episode)
-        for trajectory in episode:
-            self.stats.add(trajectory)
-            self.policy_stats.setdefault(trajectory.policy_id, RolloutStats()).add(trajectory)
-        for stats in (self.stats, *self.policy_stats.values()):
-            stats.seconds = seconds
+        add_episode(self.stats, self.policy_stats, episode, seconds)
 
     def _check_complete(self, unit: _Unit, arrived: Counter[int]) -> None:
         missing = [g for g in range(unit.first, unit.first + unit.count) if arrived[g] < self.episodes_per_group]

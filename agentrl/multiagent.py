@@ -51,6 +51,7 @@ from agentrl.rollout import (
     EpisodeTimeout,
     GroupScheduler,
     RolloutStats,
+    add_episode,
     fit_to_room,
     sample_sampling,
     timeout_error,
@@ -578,11 +579,7 @@ class MultiAgentRolloutEngine(GroupScheduler[MultiAgentEnv]):
         """Count the episode and add its trajectories to :attr:`stats` and :attr:`policy_stats`."""
         self.episodes += 1
         self.failed_episodes += any(t.error is not None for t in episode)
-        for trajectory in episode:
-            self.stats.add(trajectory)
-            self.policy_stats.setdefault(trajectory.policy_id, RolloutStats()).add(trajectory)
-        for stats in (self.stats, *self.policy_stats.values()):
-            stats.seconds = seconds
+        add_episode(self.stats, self.policy_stats, episode, seconds)
 
     def _roster(self, env: MultiAgentEnv) -> dict[str, str]:
         check = _Episode(self.agents, self.policies, self.mapping, self.sampling, self.limits, self.env_id, "")

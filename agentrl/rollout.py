@@ -281,6 +281,18 @@ class RolloutStats:
         }
 
 
+def add_episode(
+    stats: RolloutStats, policy_stats: dict[str, RolloutStats], episode: Sequence[Trajectory], seconds: float
+) -> None:
+    """Add an episode's trajectories (one per agent) to ``stats`` and to their policy's entry of
+    ``policy_stats``, and set every one's wall time to ``seconds``."""
+    for trajectory in episode:
+        stats.add(trajectory)
+        policy_stats.setdefault(trajectory.policy_id, RolloutStats()).add(trajectory)
+    for each in (stats, *policy_stats.values()):
+        each.seconds = seconds
+
+
 # --- groups of episodes -------------------------------------------------------------------------
 
 
