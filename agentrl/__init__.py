@@ -1,15 +1,27 @@
 """agentrl: train LLM agents with reinforcement learning.
 
 The public contract lives in a few short modules: :mod:`agentrl.types` (messages, tool calls,
-trajectories), :mod:`agentrl.env` (the env base class), :mod:`agentrl.registry` (register / make),
-:mod:`agentrl.tools` (typed tools), :mod:`agentrl.checker` (``check_env``) and
-:mod:`agentrl.multiagent` (PettingZoo envs in messages, policy mapping).
+trajectories), :mod:`agentrl.env` (the env base class), :mod:`agentrl.registry` (register / make,
+single- and multi-agent), :mod:`agentrl.tools` (typed tools), :mod:`agentrl.checker`
+(``check_env``), :mod:`agentrl.mapping` (agents to policies) and :mod:`agentrl.multiagent` (PettingZoo
+envs in messages). The machinery is named after the trajectory's stages: :mod:`agentrl.policies`,
+:mod:`agentrl.rollout`, :mod:`agentrl.trainers`, joined once by :mod:`agentrl.build`.
 """
 
 from agentrl.checker import EnvCheckError, check_env
-from agentrl.env import AgentEnv, Feedback, MessagesSpace, ReplySpace, ResetResult, StepResult
-from agentrl.multiagent import make_multiagent, multiagent_ids, policy_mapping, register_multiagent
-from agentrl.registry import UnknownEnvError, describe, make, register, registered_ids, spec
+from agentrl.env import AgentEnv, Feedback, MessagesSpace, ReplySpace, ResetResult, StepResult, as_agent_env
+from agentrl.mapping import policy_mapping
+from agentrl.registry import (
+    UnknownEnvError,
+    describe,
+    make,
+    make_multiagent,
+    multiagent_ids,
+    register,
+    register_multiagent,
+    registered_ids,
+    spec,
+)
 from agentrl.tools import Tool, ToolResult, tool
 from agentrl.types import Message, ToolCall, Trajectory, read_jsonl, write_jsonl
 
@@ -29,6 +41,7 @@ __all__ = [
     "ToolResult",
     "Trajectory",
     "UnknownEnvError",
+    "as_agent_env",
     "check_env",
     "describe",
     "make",

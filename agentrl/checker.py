@@ -2,8 +2,12 @@
 
 Run it on every env you write (``agentrl check ENV_ID`` does it from the shell). It plays a few
 short episodes with garbage and random replies and raises :class:`EnvCheckError`, saying what was
-expected and what came, at the first breach. What it checks:
+expected and what came, at the first breach. It takes an env of either style: an
+:class:`~agentrl.env.AgentEnv` (``start`` / ``respond``, or ``reset`` / ``step`` overridden the
+gymnasium way) or a plain ``gymnasium.Env`` speaking messages, wrapped or not; the checks run on
+what :func:`~agentrl.env.as_agent_env` makes of it, as the rollout does. What it checks:
 
+- the env is one of those, and its ``__init__`` ran ``AgentEnv.__init__``;
 - the spaces are message spaces and the declared tools have valid schemas;
 - ``reset`` returns ``(list[Message], dict)`` with at least one message, and the same seed gives
   the same observation (the task is drawn from ``self.np_random``);
@@ -22,7 +26,7 @@ from typing import Any, NoReturn
 
 import gymnasium as gym
 
-from agentrl.env import AgentEnv, MessagesSpace, ReplySpace
+from agentrl.env import AgentEnv, GymnasiumAdapter, MessagesSpace, ReplySpace, as_agent_env
 from agentrl.tools import Tool
 from agentrl.types import ROLES, Message
 
@@ -43,43 +47,57 @@ class EnvCheckError(AssertionError):
     """An env broke the message-env contract; the message says what was expected and what came."""
 
 
-def check_env(env: gym.Env, seed: int = 0, episodes: int = 3, max_steps: int = 12) -> None:
+def check_env(env: gym.Env[Any, Any], seed: int = 0, episodes: int = 3, max_steps: int = 12) -> None:
     """Check ``env`` against the message-env contract; raise :class:`EnvCheckError` on a breach.
 
-    ``env`` may be wrapped; the checks run on ``env.unwrapped``. ``episodes`` episodes of at most
+    ``env`` is an :class:`~agentrl.env.AgentEnv` or a ``gymnasium.Env`` speaking messages, wrapped
+    or not; the checks run on ``as_agent_env(env)``. ``episodes`` episodes of at most
     ``max_steps`` steps are played with garbage replies and with ``env.action_space.sample()``.
 
     >>> import agentrl
     >>> agentrl.check_env(agentrl.make("agentrl/Calculator-v0"))  # doctest: +SKIP
     """
-    base = env.unwrapped
-    name = type(base).__name__
-    if not isinstance(base, AgentEnv):
-        _fail(f"{name} must subclass agentrl.AgentEnv", f"a {type(base).__mro__[1].__name__} subclass")
+    try:
+        base = as_agent_env(env)
+    except TypeError as e:
+        raise EnvCheckError(str(e)) from e
+    adapted = isinstance(base, GymnasiumAdapter)
+    name = base._env_name
+    # AgentEnv.__init__ sets _episode_over, whatever else a subclass's __init__ does.
+    if not hasattr(base, "_episode_over"):
+        _fail(
+            f"{name}.__init__ to call super().__init__() (AgentEnv sets up its tools, spaces and turn "
+            "count there)",
+            "an instance without them",
+        )
     if not isinstance(base.observation_space, MessagesSpace):
         _fail(f"{name}.observation_space must be a MessagesSpace", repr(base.observation_space))
     if not isinstance(base.action_space, ReplySpace):
         _fail(f"{name}.action_space must be a ReplySpace", repr(base.action_space))
     _check_tools(name, base.tools)
 
-    first = _check_reset(name, base.reset(seed=seed), "reset(seed)")
+    result = base.reset(seed=seed)
+    if adapted:
+        _check_speaks_messages(name, result)
+    first = _check_reset(name, result, "reset(seed)")
     again = _check_reset(name, base.reset(seed=seed), "reset(seed)")
-    if first.observation != again.observation:
+    # [0], not .observation: a reset overridden the gymnasium way returns a plain tuple.
+    if first[0] != again[0]:
         _fail(
             f"{name}.reset(seed={seed}) to give the same observation twice (draw the task from "
             "self.np_random, which reset seeds)",
-            f"{_show(first.observation)} and then {_show(again.observation)}",
+            f"{_show(first[0])} and then {_show(again[0])}",
         )
 
     for reply in GARBAGE_REPLIES + tuple(_bad_tool_calls(base.tools)):
         base.reset(seed=seed)
-        _check_step(name, base, reply)
+        _check_step(name, base, reply, adapted)
 
     for episode in range(episodes):
         base.reset(seed=seed + 1 + episode)
         for _ in range(max_steps):
-            result = _check_step(name, base, base.action_space.sample())
-            if result[2] or result[3]:
+            step = _check_step(name, base, base.action_space.sample(), adapted)
+            if step[2] or step[3]:
                 break
 
     replies = [GARBAGE_REPLIES[2], *(_bad_tool_calls(base.tools)[:1]), GARBAGE_REPLIES[0]]
@@ -122,15 +140,29 @@ def _check_reset(name: str, result: Any, call: str) -> Any:
     return result
 
 
-def _check_step(name: str, env: AgentEnv, reply: str) -> tuple[Any, ...]:
+def _check_speaks_messages(name: str, result: Any) -> None:
+    observation = result[0] if isinstance(result, tuple) and len(result) == 2 else result
+    if not (isinstance(observation, list) and all(isinstance(m, Message) for m in observation)):
+        _fail(
+            f"{name}, a gymnasium.Env, to speak messages: reset and step return a list of "
+            "agentrl.Message as observation (subclass agentrl.AgentEnv to get the spaces and tool "
+            "calls for free)",
+            f"the observation {_show(observation)} from reset(seed)",
+        )
+
+
+def _check_step(name: str, env: AgentEnv, reply: str, adapted: bool = False) -> tuple[Any, ...]:
     call = f"step({_show(reply)})"
     try:
         result = env.step(reply)
     except Exception as e:
+        hint = ""
+        if adapted and isinstance(e, (AttributeError, TypeError)):  # as if the reply were a str
+            hint = " (a gymnasium env's step gets the reply as an assistant agentrl.Message; its text is .content)"
         raise EnvCheckError(
             f"Expected {name}.{call} to answer a bad reply with an observation, but it raised "
-            f"{type(e).__name__}: {e}. Answer bad replies with a message telling the model what "
-            "was wrong."
+            f"{type(e).__name__}: {e}{hint}. Answer bad replies with a message telling the model "
+            "what was wrong."
         ) from e
     if not (isinstance(result, tuple) and len(result) == 5):
         _fail(f"{name}.{call} to return (observation, reward, terminated, truncated, info)", _show(result))
@@ -167,7 +199,7 @@ def _bad_tool_calls(tools: Sequence[Tool]) -> list[str]:
 
 
 def _play(env: AgentEnv, seed: int, replies: list[str]) -> list[Any]:
-    record: list[Any] = [env.reset(seed=seed).observation]
+    record: list[Any] = [env.reset(seed=seed)[0]]
     for reply in replies:
         observation, reward, terminated, truncated, _ = env.step(reply)
         record.append((observation, reward, terminated, truncated))
@@ -177,7 +209,7 @@ def _play(env: AgentEnv, seed: int, replies: list[str]) -> list[Any]:
 
 
 async def _aplay(env: AgentEnv, seed: int, replies: list[str]) -> list[Any]:
-    record: list[Any] = [(await env.areset(seed=seed)).observation]
+    record: list[Any] = [(await env.areset(seed=seed))[0]]
     for reply in replies:
         observation, reward, terminated, truncated, _ = await env.astep(reply)
         record.append((observation, reward, terminated, truncated))

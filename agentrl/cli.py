@@ -13,8 +13,12 @@ Every command that makes an env takes ``--kwarg key=value`` (repeatable) for the
 arguments; values are read as JSON when they parse (``max_turns=4``, ``words=["a","b"]``) and as
 plain strings otherwise (``split=test``).
 
-Exit codes: 0 success, 1 the env failed (a check, or an error while playing), 2 a usage error (an
-unknown env id, a malformed ``--kwarg``, constructor arguments the env rejects), 130 interrupted.
+Exit codes, the same on every command: 0 success; 1 the env or the run failed (a check, an error
+while playing, a model server that cannot be reached); 2 a usage error, printed as one message
+without a traceback (an unknown env id or option, a malformed ``--kwarg`` or ``key=value``
+override, an unknown config field or a bad value, a config file or model directory that does not
+exist, a module in ``imports:`` that cannot be imported); 130 interrupted. The rule lives in one
+place, :class:`CleanErrors`; set ``AGENTRL_TRACEBACK=1`` to see the traceback of a usage error.
 
 New commands are plain functions decorated with ``@app.command()``; the helpers here
 (:func:`parse_kwargs`, :func:`make_env_or_exit`, :func:`print_message`) are meant for them.
@@ -23,14 +27,18 @@ New commands are plain functions decorated with ``@app.command()``; the helpers 
 from __future__ import annotations
 
 import enum
+import importlib
 import json
+import os
 import sys
 import warnings
 from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn, TextIO
 
+import click
 import gymnasium as gym
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
@@ -38,13 +46,60 @@ from rich.table import Table
 from rich.text import Text
 
 import agentrl
+from agentrl.config import ConfigError, load_config
+from agentrl.env import as_agent_env
 from agentrl.registry import load_plugins
 from agentrl.sandboxes.cli import sandbox_app
+from agentrl.suggest import did_you_mean
 from agentrl.types import Message
+
+USAGE_ERRORS: tuple[type[Exception], ...] = (
+    agentrl.UnknownEnvError,  # a typo in an env id; the message says "Did you mean ...?"
+    ConfigError,  # a config file that cannot be read, an unknown field, a wrong type, a malformed override
+    ValueError,  # a cross-field rule of a config (__post_init__), a plot of a directory without metrics
+    FileNotFoundError,  # a model directory that is not there
+    ImportError,  # a module named in imports:, or an optional dependency a backend needs
+)
+"""Exceptions that mean the command was given something wrong: one message, exit code 2."""
+RUN_ERRORS: tuple[type[Exception], ...] = (ConnectionError,)  # a model server that does not answer
+"""Exceptions that mean the run could not go on through no fault of the command: one message, exit 1."""
+
+
+class CleanErrors(typer.core.TyperGroup):
+    """The one place where errors become exit codes, for every command and sub-command.
+
+    :data:`USAGE_ERRORS` print their message and exit 2, :data:`RUN_ERRORS` exit 1, Ctrl-C exits
+    130; anything else is a bug and keeps its traceback. ``AGENTRL_TRACEBACK=1`` re-raises usage
+    errors too, for the traceback.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]")
+            raise typer.Exit(130) from None
+        except (*USAGE_ERRORS, *RUN_ERRORS) as e:
+            if os.environ.get("AGENTRL_TRACEBACK"):
+                raise
+            fail(error_message(e), code=2 if isinstance(e, USAGE_ERRORS) else 1)
+
+
+def error_message(error: BaseException) -> str:
+    """The text to show for an error: its own message, which the raiser wrote for a person.
+
+    A bare ``No module named 'x'`` gains what to do; an error without a message shows its type.
+    """
+    message = str(error).strip()
+    if isinstance(error, ModuleNotFoundError) and error.name and message == f"No module named {error.name!r}":
+        return f"{message}: install the package that provides it (see the README's install section)."
+    return message or type(error).__name__
+
 
 app = typer.Typer(
     name="agentrl",
     help="Train LLM agents with reinforcement learning: list, check and play message environments.",
+    cls=CleanErrors,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -118,14 +173,13 @@ def fail(message: str, code: int = 1) -> NoReturn:
 def make_env_or_exit(env_id: str, kwargs: dict[str, Any]) -> gym.Env[Any, Any]:
     """``agentrl.make(env_id, **kwargs)``, turning the usual mistakes into exit code 2.
 
-    An unknown id prints the registry's "did you mean" message; constructor arguments the env
-    rejects print the env's own error. Neither shows a traceback.
+    An unknown id prints the registry's "did you mean" message (through :class:`CleanErrors`);
+    constructor arguments the env rejects print the env's own error, saying which env and
+    arguments. Neither shows a traceback.
     """
     try:
         return agentrl.make(env_id, **kwargs)
-    except agentrl.UnknownEnvError as e:
-        fail(str(e), code=2)
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError) as e:  # TypeError is a usage error only here: the env's arguments
         fail(f"Could not make {env_id!r} with {kwargs}: {type(e).__name__}: {e}", code=2)
 
 
@@ -198,7 +252,8 @@ def envs_command(
         str | None, typer.Option("--namespace", "-n", help="Only ids in this namespace, e.g. agentrl.")
     ] = None,
 ) -> None:
-    """List the registered message envs with a one-line description each."""
+    """List the registered message envs with a one-line description each, multi-agent ones with
+    their agents."""
     ids = agentrl.registered_ids(namespace)
     table = Table(title="agentrl environments", title_justify="left")
     table.add_column("id", style="bold cyan", no_wrap=True)
@@ -210,15 +265,42 @@ def envs_command(
             description = Text(f"could not load: {type(e).__name__}: {e}", style="red")
         table.add_row(env_id, description)
     console.print(table)
-    if not ids:
+    multiagent = agentrl.multiagent_ids(namespace)
+    if multiagent:
+        _print_multiagent_envs(multiagent)
+    if not ids and not multiagent:
+        known = {i.split("/")[0] for i in [*agentrl.registered_ids(), *agentrl.multiagent_ids()] if "/" in i}
+        hint = did_you_mean(namespace, sorted(known)) if namespace else ""
         console.print(
-            "No message envs are registered" + (f" in namespace {namespace!r}." if namespace else ".")
+            "No message envs are registered"
+            + (f" in namespace {namespace!r}." if namespace else ".")
+            + (f" {hint}" if hint else "")
         )
     failed = load_plugins()  # already loaded above; each failure was warned about then
     if failed:
         err_console.print(
             Text(f"{len(failed)} env plugin(s) failed to load: {sorted(failed)}", style="yellow")
         )
+
+
+def _print_multiagent_envs(ids: list[str]) -> None:
+    table = Table(title="agentrl multi-agent environments (PettingZoo)", title_justify="left")
+    table.add_column("id", style="bold cyan", no_wrap=True)
+    table.add_column("agents", style="bold")
+    table.add_column("description")
+    for env_id in ids:
+        try:
+            env = agentrl.make_multiagent(env_id)
+        except Exception as e:  # noqa: BLE001 - one broken env must not hide the others
+            table.add_row(env_id, "", Text(f"could not load: {type(e).__name__}: {e}", style="red"))
+            continue
+        try:
+            agents = ", ".join(map(str, env.possible_agents))
+            doc = (type(env.unwrapped).__doc__ or "").strip()
+        finally:
+            env.close()
+        table.add_row(env_id, agents, Text(doc.splitlines()[0] if doc else ""))
+    console.print(table)
 
 
 @app.command("check")
@@ -282,7 +364,7 @@ def play_command(
     kwargs = parse_kwargs(kwarg)
     if split is not None:
         kwargs["split"] = split.value
-    env = make_env_or_exit(env_id, kwargs)
+    env = as_agent_env(make_env_or_exit(env_id, kwargs))  # a plain gymnasium env plays as an AgentEnv
     turn_cap = max_turns
     if turn_cap is None and agent is AgentKind.random and getattr(env.unwrapped, "max_turns", None) is None:
         turn_cap = DEFAULT_RANDOM_MAX_TURNS  # a random agent may never finish an episode by itself
@@ -431,23 +513,17 @@ def eval_command(
 
 
 def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **options: Any) -> None:
-    import os
-
     # vLLM logs every engine step at INFO, and at WARNING its build choices (eager mode, no Triton on
     # the CPU, LD_PRELOAD advice); the progress bar and the table are what a person reads. A user
     # who wants them sets VLLM_LOGGING_LEVEL.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentrl.config import ConfigError, load_config
-    from agentrl.run import RolloutConfig, rollout
+    from agentrl.run import RolloutConfig, rollout  # torch and transformers: not for `agentrl --help`
 
     given = [f"{k}={v}" for k, v in options.items() if v is not None]
-    try:
-        config = load_config(RolloutConfig, config_path, [f"env_id={env_id}", *given, *overrides])
-        agentrl.spec(config.env_id)
-    except (ConfigError, ValueError) as e:
-        fail(str(e), code=2)
+    config = load_config(RolloutConfig, config_path, [f"env_id={env_id}", *given, *overrides])
+    agentrl.spec(config.env_id)  # an unknown env fails now, before the engine starts
     total = config.episodes + config.redundancy * (config.episodes // config.group_size)
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
     with Progress(*columns, console=err_console, transient=False) as progress:
@@ -458,11 +534,7 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
             status = f"success {summary['rollout/success_rate']:.0%}  failed {stats.failed}"
             progress.update(task, advance=1, status=status)
 
-        try:
-            trajectories, stats = rollout(config, on_trajectory=advance)
-        except (ConnectionError, FileNotFoundError) as e:  # no server, no model: say so, no traceback
-            progress.stop()
-            fail(str(e))
+        trajectories, stats = rollout(config, on_trajectory=advance)  # no model, no server: CleanErrors
     _print_rollout_summary(config, stats)
     if config.out:
         console.print(f"wrote {len(trajectories)} trajectories to {escape(config.out)}")
@@ -480,27 +552,23 @@ def train_command(
     Prints held-out success before and after training; writes metrics, checkpoints, the trained model
     and the curves into run_dir.
     """
-    import os
-
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as for rollout: set it to see vLLM's warnings
-    from agentrl.config import ConfigError, load_config
-    from agentrl.train import TrainConfig, train
+    from agentrl.train import TrainConfig, train  # torch and transformers: not for `agentrl --help`
 
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
         overrides, config = [config, *(overrides or [])], None  # only overrides were given
-    try:
-        settings = load_config(TrainConfig, config, list(overrides or []))
-        for module in settings.imports:
-            __import__(module)
-        agentrl.spec(settings.rollout.env_id)
-    except (ConfigError, ValueError, ImportError) as e:
-        fail(str(e), code=2)
-    with _TrainProgress() as progress:
+    settings = load_config(TrainConfig, config, list(overrides or []))
+    for module in settings.imports:  # first: they may register the env named below
         try:
-            result = train(settings, progress.hooks())
-        except (ConnectionError, FileNotFoundError) as e:
-            progress.stop()
-            fail(str(e))
+            importlib.import_module(module)
+        except ImportError as e:  # say which entry of imports: failed; CleanErrors makes it exit 2
+            raise ConfigError(
+                f"imports: cannot import {module!r} ({type(e).__name__}: {e}). Install the package "
+                "that provides it, or remove it from imports."
+            ) from e
+    agentrl.spec(settings.rollout.env_id)  # an unknown env fails now, before the engine starts
+    with _TrainProgress() as progress:
+        result = train(settings, progress.hooks())  # no model, no server: CleanErrors
     _print_train_summary(settings, result)
 
 
@@ -521,11 +589,8 @@ class _TrainProgress:
     def __exit__(self, *exc: Any) -> None:
         self.progress.stop()
 
-    def stop(self) -> None:
-        self.progress.stop()
-
     def hooks(self) -> Any:
-        from agentrl.train import Progress
+        from agentrl.train import Progress  # see train_command
 
         def on_phase(name: str, total: int) -> None:
             if self.task is not None:
@@ -585,10 +650,7 @@ def plot_command(
     """Draw a run's training curves from RUN_DIR/metrics.jsonl into one picture; print its path."""
     from agentrl.plot import plot_run  # matplotlib takes a second to import; only this command needs it
 
-    try:
-        path = plot_run(run_dir, out)
-    except ValueError as e:  # no metrics.jsonl, an empty one, or nothing to draw
-        fail(str(e), code=2)
+    path = plot_run(run_dir, out)  # no metrics.jsonl, an empty one, nothing to draw: ValueError, exit 2
     console.print(escape(str(path)), soft_wrap=True)
 
 

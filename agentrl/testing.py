@@ -1,4 +1,4 @@
-"""Helpers for tests: a tiny, offline chat tokenizer that behaves like a real one.
+"""Helpers for tests: a tiny offline chat tokenizer and model, log-prob oracles, a scripted policy.
 
 Tests must never download a model or a tokenizer. :func:`build_tiny_tokenizer` trains a byte-level
 BPE tokenizer in-process (well under a second) on a small corpus kept in this module, and dresses
@@ -23,18 +23,25 @@ Use it in your own tests as a fixture::
     @pytest.fixture(scope="session")
     def tokenizer():
         return build_tiny_tokenizer()
+
+The oracles (:func:`token_logprobs`, :func:`token_entropy`, :func:`reference_logprobs`) are the
+plain full-logits computations that the trainer's and the engines' log-probs are checked against;
+:class:`ScriptedPolicy` answers from a script, for tests of the machinery around a policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import asyncio
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # transformers is imported only when a tokenizer is built
+from agentrl.policies.base import Generation, Sampling
+
+if TYPE_CHECKING:  # torch and transformers are imported only when a function needs them
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-    from agentrl.policy import Generation, Sampling
     from agentrl.types import Trajectory
 
 #: The size of the tiny tokenizer's vocabulary, special tokens included. Build tiny models with
@@ -48,7 +55,7 @@ SPECIAL_TOKENS: tuple[str, ...] = (PAD_TOKEN, IM_START, IM_END)
 
 #: A ChatML template with Hermes-style tool calling, written for agentrl's tests. Tools go into the
 #: system turn as JSON lines; an assistant's tool calls are ``<tool_call>`` JSON blocks after its
-#: text (one ``\\n`` apart, the shape :func:`agentrl.agents.tool_formats.format_tool_calls` writes);
+#: text (one ``\\n`` apart, the shape :func:`agentrl.tool_calls.format_tool_calls` writes);
 #: consecutive ``tool`` messages become one user turn of ``<tool_response>`` blocks. Every piece of
 #: output is an explicit string expression, so whitespace never depends on Jinja's trimming rules.
 TINY_CHAT_TEMPLATE = (
@@ -258,16 +265,53 @@ def reference_model(path: str | Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
+# --- oracles: full-logits reference implementations ------------------------------------------------
+# Plain and slow on purpose: every position's logits, one sequence at a time. Tests check the fast
+# paths against them: the trainer's (agentrl.trainers.models.generated_logprobs, which applies the
+# head only where a loss exists) and every engine's recorded log-probs.
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, T]`` log-probs of each token under the logits one position earlier (0 at position 0).
+
+    Computed in float32 (or the logits' dtype if wider) as ``logit[token] - logsumexp(logits)``,
+    one sequence at a time, so the full ``[B, T, V]`` log-softmax is never materialised; gradients
+    flow back to the logits. ``temperature`` must be the sampling temperature of the engine whose
+    log-probs these are compared with (vLLM divides the logits by it before its log-probs).
+    """
+    _check_logits(logits)
+    if input_ids.shape != logits.shape[:2]:
+        raise ValueError(
+            f"input_ids must be [B, T] = {tuple(logits.shape[:2])} like the logits, got {tuple(input_ids.shape)}."
+        )
+    rows = []
+    for b, row in enumerate(_predicting_rows(logits, temperature)):
+        chosen = row.gather(-1, input_ids[b, 1:, None]).squeeze(-1)
+        rows.append(chosen - row.logsumexp(dim=-1))
+    return _shift(rows, logits)
+
+
+def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """``[B, T]`` entropy (nats) of the distribution each token was drawn from, aligned like
+    :func:`token_logprobs` (0 at position 0)."""
+    _check_logits(logits)
+    rows = []
+    for row in _predicting_rows(logits, temperature):
+        # H = logsumexp(l) - sum softmax(l) * l, without forming log_softmax's [T, V] output twice.
+        rows.append(row.logsumexp(dim=-1) - (row.softmax(dim=-1) * row).sum(-1))
+    return _shift(rows, logits)
+
+
 def reference_logprobs(model: PreTrainedModel, token_ids: Sequence[int], temperature: float = 1.0) -> list[float]:
     """The log-prob of each of ``token_ids`` given the ones before it, by one forward pass of
-    ``model`` with its logits divided by ``temperature`` (0.0 for the first token, which has nothing
-    before it)."""
+    ``model`` and :func:`token_logprobs` of its logits at ``temperature`` (0.0 for the first token,
+    which has nothing before it)."""
     import torch
 
     ids = torch.tensor([list(token_ids)])
     with torch.no_grad():
-        logits = model(ids).logits.float() / temperature
-    return [0.0, *logits.log_softmax(-1)[0, :-1].gather(-1, ids[0, 1:, None]).squeeze(-1).tolist()]
+        logits = model(ids).logits
+    return token_logprobs(logits, ids, temperature=temperature)[0].tolist()
 
 
 def max_logprob_gap(model: PreTrainedModel, trajectories: Iterable[Trajectory], temperature: float = 1.0) -> float:
@@ -286,8 +330,37 @@ def max_logprob_gap(model: PreTrainedModel, trajectories: Iterable[Trajectory], 
     return max(gaps)
 
 
+def _check_logits(logits: torch.Tensor) -> None:
+    if logits.ndim != 3:
+        raise ValueError(f"logits must be [B, T, V], got shape {tuple(logits.shape)}.")
+
+
+def _predicting_rows(logits: torch.Tensor, temperature: float) -> Iterator[torch.Tensor]:
+    """Each sequence's logits at positions 0..T-2 (those that predict a next token), upcast to at
+    least float32 and divided by ``temperature``, one sequence at a time."""
+    import torch
+
+    if temperature <= 0:
+        raise ValueError(f"temperature must be positive, got {temperature}.")
+    # Half-precision logits are upcast: the log-probs feed ratios that must resolve 1e-3 changes.
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    for b in range(logits.shape[0]):
+        row = logits[b, :-1].to(dtype)
+        yield row / temperature if temperature != 1.0 else row
+
+
+def _shift(per_position: list[torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+    """Stack rows of ``T - 1`` values computed from positions ``0..T-2`` and move them one to the
+    right, so that position ``t`` describes token ``t`` and position 0 holds 0."""
+    import torch
+
+    batch_size = logits.shape[0]
+    body = torch.stack(per_position) if per_position else torch.zeros((batch_size, 0), device=logits.device)
+    return torch.cat([body.new_zeros((batch_size, 1)), body], dim=1)
+
+
 class ScriptedPolicy:
-    """A :class:`~agentrl.policy.Policy` that answers from a script instead of a model.
+    """A :class:`~agentrl.policies.base.Policy` that answers from a script instead of a model.
 
     For tests of the machinery around a policy and for overhead benchmarks, never as a stand-in
     for a real engine. ``reply`` maps the decoded prompt to the completion text (or is a fixed
@@ -321,10 +394,6 @@ class ScriptedPolicy:
         return self._version
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
-        import asyncio
-
-        from agentrl.policy import Generation
-
         call = self.calls
         self.calls += 1
         self.in_flight += 1
@@ -356,6 +425,9 @@ class ScriptedPolicy:
             pass
         self._version += 1
         return self._version
+
+    async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        return self.update_weights(named_tensors)
 
     def close(self) -> None:
         pass

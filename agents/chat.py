@@ -2,8 +2,9 @@
 
 A :class:`ChatAgent` is the glue between an environment and a policy for one role: the tokenizer
 and its chat template, the tools rendered into the prompt, an optional system prompt, and the
-tool-call format used to parse replies. A :class:`TrajectoryBuilder` uses it to record one episode
-as the exact token ids the policy saw and produced (:class:`~agentrl.types.Trajectory`).
+tool-call format used to parse replies. A :class:`~agentrl.agents.trajectory.TrajectoryBuilder`
+uses it to record one episode as the exact token ids the policy saw and produced
+(:class:`~agentrl.types.Trajectory`).
 
 History is never re-tokenised. The prompt is rendered and encoded once; after that, each turn
 appends the policy's own generated ids, and each observation appends the chat template's *delta*:
@@ -23,15 +24,14 @@ where the fast path disagrees with the full one on probe contents, is always ren
 
 >>> from agentrl.testing import build_tiny_tokenizer
 >>> agent = ChatAgent(build_tiny_tokenizer())
->>> builder = TrajectoryBuilder(agent)
->>> prompt = builder.start([Message("user", "What is 2 + 3?")])
->>> reply = builder.add_turn(agent.encode("5") + agent.end_of_turn_ids, [-0.5, -0.1], version=0)
->>> reply.content
-'5'
->>> _ = builder.add_observation([Message("user", "Right.")], reward=1.0)
->>> trajectory = builder.finish(terminated=True)
->>> trajectory.reward, trajectory.num_generated
-(1.0, 2)
+>>> prompt = agent.prompt_ids([Message("user", "What is 2 + 3?")])
+>>> agent.tokenizer.decode(prompt)
+'<|im_start|>user\\nWhat is 2 + 3?<|im_end|>\\n<|im_start|>assistant\\n'
+>>> generated = agent.encode("5") + agent.end_of_turn_ids
+>>> agent.ends_turn(generated), agent.parse(agent.completion_text(generated)).content
+(True, '5')
+>>> agent.observation_text([Message("user", "Right.")])  # the delta appended after the reply
+'\\n<|im_start|>user\\nRight.<|im_end|>\\n<|im_start|>assistant\\n'
 
 Assumptions, true of the chat templates of the common chat models (ChatML / Qwen / SmolLM,
 Llama 3, Mistral, Gemma, Phi) and checked where they can be:
@@ -55,10 +55,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentrl.agents.layouts import MAX_LAYOUTS, Layout, compile_layout, message_shape
-from agentrl.agents.tool_formats import TOOL_FORMATS, ToolFormat, parse_reply
-
+from agentrl.tool_calls import TOOL_FORMATS, ToolFormat, parse_reply
 from agentrl.tools import Tool, as_tool
-from agentrl.types import Message, Trajectory
+from agentrl.types import Message
 
 if TYPE_CHECKING:  # transformers is heavy; the agent only calls methods on the tokenizer it is given
     from transformers import PreTrainedTokenizerBase
@@ -85,7 +84,7 @@ class ChatAgent:
         system_prompt: this role's system prompt. It is put before the env's own system message
             (one blank line apart) or, if the env sends none, becomes the system message.
         tool_format: how tool calls are read from completions (see
-            :func:`~agentrl.agents.tool_formats.parse_reply`).
+            :func:`~agentrl.tool_calls.parse_reply`).
         chat_template: a Jinja template to use instead of the tokenizer's own.
         chat_template_kwargs: extra template variables, e.g. ``{"enable_thinking": False}``.
         end_of_turn: the text that ends an assistant turn (a special token such as ``<|im_end|>``
@@ -139,9 +138,9 @@ class ChatAgent:
         self._layouts: dict[tuple[Any, ...], Layout | None] = {}
         self._layouts_made_with: tuple[Any, ...] | None = None
         source = chat_template if chat_template is not None else tokenizer.chat_template
-        # transformers' decode is its backend's plus a few checks that cost twice the decoding
-        # itself (per turn); where the two agree on a probe with special tokens and the spacing
-        # clean-up would touch, completions are decoded by the backend directly.
+        # transformers' decode is its backend's plus a few checks that cost about as much as the
+        # decoding itself (per turn); where the two agree on a probe with special tokens and the
+        # spacing clean-up would touch, completions are decoded by the backend directly.
         self._backend_decodes = self._backend_decodes_alike()
         # A template that writes the date (Llama 3.1's strftime_now) renders differently tomorrow.
         self._uses_clock = "strftime_now" in str(source)
@@ -213,7 +212,11 @@ class ChatAgent:
         # Templates that pair tool results with the calls before them get matching calls.
         tool_messages = [m for m in messages if m.role == "tool"]
         calls = [
-            {"type": "function", "id": m.tool_call_id or f"call_{i}", "function": {"name": m.name or "tool", "arguments": {}}}
+            {
+                "type": "function",
+                "id": m.tool_call_id or f"call_{i}",
+                "function": {"name": m.name or "tool", "arguments": {}},
+            }
             for i, m in enumerate(tool_messages)
         ]
         if calls:
@@ -363,229 +366,5 @@ class ChatAgent:
         )
 
 
-class TrajectoryBuilder:
-    """Records one agent's episode as a :class:`~agentrl.types.Trajectory`, one step at a time.
-
-    Call :meth:`start` with the first observation, then alternate :meth:`add_turn` (the policy's
-    generated ids) and :meth:`add_observation` (the env's answer), and end with :meth:`finish`,
-    after :meth:`add_final_observation` if the env answered the last turn and the episode ended.
-    :attr:`token_ids` is always the whole context to send for the next generation, and
-    :attr:`room_left` how many tokens may still be generated within ``max_length``.
-
-    >>> from agentrl.testing import build_tiny_tokenizer
-    >>> agent = ChatAgent(build_tiny_tokenizer())
-    >>> builder = TrajectoryBuilder(agent, max_length=64)
-    >>> _ = builder.start([Message("user", "Hi")])
-    >>> builder.room_left, builder.would_exceed([Message("user", "x " * 100)])
-    (54, True)
-    """
-
-    def __init__(
-        self,
-        agent: ChatAgent,
-        *,
-        max_length: int | None = None,
-        env_id: str = "",
-        agent_id: str = "agent",
-        policy_id: str = "default",
-        group_id: str = "",
-    ):
-        if max_length is not None and max_length < 1:
-            raise ValueError(f"max_length must be a positive int or None, got {max_length}.")
-        self.agent = agent
-        self.max_length = max_length
-        self._trajectory = Trajectory(env_id=env_id, agent_id=agent_id, policy_id=policy_id, group_id=group_id)
-        self._cut_turns: list[int] = []
-        self._turn_closed = True
-        # The observation would_exceed last rendered (a snapshot of its messages, whether the turn
-        # was closed, its ids), so that add_observation for equal messages does not render and
-        # encode them a second time.
-        self._rendered: tuple[list[tuple[Any, ...]], bool, list[int]] | None = None
-        # What may come next: "start", then "turn" and "observation" alternately, then "finished".
-        self._expect = "start"
-
-    @property
-    def token_ids(self) -> list[int]:
-        """The whole sequence so far: the context for the next generation."""
-        return list(self._trajectory.token_ids)
-
-    @property
-    def length(self) -> int:
-        """How many tokens the sequence holds."""
-        return len(self._trajectory.token_ids)
-
-    @property
-    def room_left(self) -> int | None:
-        """Tokens left before ``max_length`` (``None`` if unlimited, 0 if already over); use it as
-        the next generation's ``max_tokens``."""
-        return None if self.max_length is None else max(0, self.max_length - self.length)
-
-    @property
-    def messages(self) -> list[Message]:
-        """The conversation so far, system prompt and parsed replies included."""
-        return list(self._trajectory.messages)
-
-    def would_exceed(self, extra: int | Sequence[Message]) -> bool:
-        """Whether appending ``extra`` tokens, or the observation for these messages, would make
-        the sequence longer than ``max_length`` (the rollout engine then ends the episode as
-        truncated)."""
-        if self.max_length is None:
-            return False
-        if isinstance(extra, int):
-            return self.length + extra > self.max_length
-        ids = self.agent.observation_ids(extra, turn_closed=self._turn_closed)
-        self._rendered = (_snapshot(extra), self._turn_closed, ids)
-        return self.length + len(ids) > self.max_length
-
-    def start(self, messages: Sequence[Message]) -> list[int]:
-        """Begin with the first observation; return the prompt ids."""
-        self._check_order("start")
-        ids = self.agent.prompt_ids(messages)
-        self._append_context(ids)
-        self._trajectory.prompt_length = len(ids)
-        self._trajectory.messages = self.agent.conversation(messages)
-        self._expect = "turn"
-        return ids
-
-    def add_turn(
-        self,
-        token_ids: Sequence[int],
-        logprobs: Sequence[float],
-        version: int | Sequence[int],
-        *,
-        text: str | None = None,
-        closed: bool | None = None,
-    ) -> Message:
-        """Record one generation and return the assistant message parsed from it.
-
-        Args:
-            token_ids: the generated ids, the end-of-turn token included if the policy stopped on it.
-            logprobs: the behaviour log-prob of each generated id.
-            version: the policy version that generated the ids, or one version per id (a
-                generation may span a weight update).
-            text: the completion text if the engine already decoded it (without the end-of-turn
-                token); decoded here otherwise.
-            closed: whether the turn ended with the end-of-turn token; read from ``token_ids`` by
-                default. An unclosed turn gets the token inserted before the next observation.
-        """
-        self._check_order("turn")
-        n = len(token_ids)
-        if n == 0:
-            raise ValueError("add_turn got no generated tokens; a turn must generate at least one.")
-        versions = list(version) if isinstance(version, Sequence) else [int(version)] * n
-        if len(logprobs) != n or len(versions) != n:
-            raise ValueError(
-                f"add_turn got {n} token ids, {len(logprobs)} logprobs and {len(versions)} versions; "
-                "give one logprob (and one version, or a single int) per generated token."
-            )
-        self._turn_closed = self.agent.ends_turn(token_ids) if closed is None else closed
-        message = self.agent.parse(text if text is not None else self.agent.completion_text(token_ids))
-        trajectory = self._trajectory
-        trajectory.token_ids.extend(token_ids)
-        trajectory.loss_mask.extend([1] * n)
-        trajectory.logprobs.extend(map(float, logprobs))  # map: a third of a generator's time per token
-        trajectory.versions.extend(map(int, versions))
-        trajectory.turn_ends.append(len(trajectory.token_ids) - 1)
-        trajectory.turn_rewards.append(0.0)
-        trajectory.messages.append(message)
-        if not self._turn_closed:
-            self._cut_turns.append(trajectory.turns)
-        trajectory.turns += 1
-        self._expect = "observation"
-        return message
-
-    def add_observation(self, messages: Sequence[Message], reward: float = 0.0) -> list[int]:
-        """Append the env's answer to the last turn (an empty list if it sent nothing but the
-        episode goes on) and add ``reward`` to that turn; return the appended ids."""
-        self._check_order("observation")
-        rendered, self._rendered = self._rendered, None
-        if rendered is not None and rendered[1] == self._turn_closed and rendered[0] == _snapshot(messages):
-            ids = rendered[2]
-        else:
-            ids = self.agent.observation_ids(messages, turn_closed=self._turn_closed)
-        self._append_context(ids)
-        self._trajectory.messages.extend(messages)
-        self.add_reward(reward)
-        self._turn_closed = True
-        self._expect = "turn"
-        return ids
-
-    def add_final_observation(self, messages: Sequence[Message], reward: float = 0.0) -> None:
-        """Record the env's last answer when the episode ends after a turn: the messages join the
-        conversation and ``reward`` goes to the last turn, but no tokens are appended, since
-        nothing is generated after them. Only :meth:`finish` may follow."""
-        self._check_order("observation")
-        self._trajectory.messages.extend(messages)
-        self.add_reward(reward)
-        self._expect = "finish"
-
-    def add_reward(self, reward: float, turn: int = -1) -> None:
-        """Add ``reward`` to a turn's reward (the last turn by default)."""
-        if reward and not self._trajectory.turn_rewards:
-            raise ValueError("A reward needs a turn to go to; no turn has been added yet.")
-        if reward:
-            self._trajectory.turn_rewards[turn] += float(reward)
-
-    def set_reward(self, reward: float, turn: int = -1) -> None:
-        """Set a turn's reward (the last turn by default), replacing what it had."""
-        if not self._trajectory.turn_rewards:
-            raise ValueError("A reward needs a turn to go to; no turn has been added yet.")
-        self._trajectory.turn_rewards[turn] = float(reward)
-
-    def finish(
-        self,
-        *,
-        reward: float = 0.0,
-        terminated: bool = False,
-        truncated: bool = False,
-        error: str | None = None,
-        info: Mapping[str, Any] | None = None,
-    ) -> Trajectory:
-        """End the episode and return its trajectory (validated). ``reward`` is added to the last
-        turn; the trajectory's ``reward`` is the sum of the turn rewards. ``info["cut_turns"]``
-        lists the turns whose generation hit its token limit."""
-        if self._expect == "finished":
-            raise RuntimeError("finish() was already called; start a new TrajectoryBuilder per episode.")
-        self.add_reward(reward)
-        trajectory = self._trajectory
-        trajectory.reward = float(sum(trajectory.turn_rewards))
-        trajectory.terminated = terminated
-        trajectory.truncated = truncated
-        trajectory.error = error
-        trajectory.info = {"cut_turns": list(self._cut_turns), **(info or {})}
-        trajectory.validate()
-        self._expect = "finished"
-        return trajectory
-
-    def _append_context(self, ids: list[int]) -> None:
-        """Append prompt or observation ids: not trained on, no log-prob, no policy version."""
-        trajectory = self._trajectory
-        trajectory.token_ids.extend(ids)
-        trajectory.loss_mask.extend([0] * len(ids))
-        trajectory.logprobs.extend([0.0] * len(ids))
-        trajectory.versions.extend([-1] * len(ids))
-
-    def _check_order(self, step: str) -> None:
-        if self._expect == step:
-            return
-        hints = {
-            "start": "call start(messages) first",
-            "turn": "add a turn (the policy's generation) next",
-            "observation": "add an observation next (add_observation([]) if the env sent nothing)",
-            "finish": "the final observation was added; call finish()",
-            "finished": "the episode is finished; start a new TrajectoryBuilder",
-        }
-        raise RuntimeError(f"Cannot {step} here: {hints[self._expect]}.")
-
-
 def _tokenizer_name(tokenizer: Any) -> str:
     return repr(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
-
-
-def _snapshot(messages: Sequence[Message]) -> list[tuple[Any, ...]]:
-    """Everything of ``messages`` that renders, copied: equal snapshots render alike, whatever is
-    done to the messages afterwards. (A deep copy of the messages would do, at ten times the cost.)"""
-    return [
-        (m.role, m.content, m.tool_call_id, m.name, copy.deepcopy(m.tool_calls) if m.tool_calls else None)
-        for m in messages
-    ]

@@ -26,7 +26,7 @@ def rollout_side(model: str, episodes: int, max_tokens: int, max_model_len: int)
     import agentrl
     from agentrl.agents import ChatAgent
     from agentrl.policies.vllm import VLLMPolicy
-    from agentrl.policy import Sampling
+    from agentrl.policies import Sampling
     from agentrl.rollout import EpisodeLimits, RolloutEngine
 
     policy = VLLMPolicy(model, max_model_len=max_model_len, seed=0)
@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=2048)
     args = parser.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from agentrl.models import resolve_model
+    from agentrl.model_paths import resolve_model
 
     model = resolve_model(args.model)
     prompts, lengths, rollout_s = rollout_side(model, args.episodes, args.max_tokens, args.max_model_len)

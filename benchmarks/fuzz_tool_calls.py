@@ -23,9 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agentrl.agents.tool_formats import TOOL_FORMATS, format_tool_calls, parse_reply
-
 from agentrl.env import AgentEnv, Observation
+from agentrl.tool_calls import TOOL_FORMATS, format_tool_calls, parse_reply
 from agentrl.tools import Tool, ToolResult, acall_tool, call_tool, tool
 from agentrl.types import Message, ToolCall
 

@@ -16,7 +16,7 @@ prompts in one batched generation call, wait for the last completion, then all s
 wait for the slowest env before turn t + 1 starts. The next batch starts when the whole batch ends.
 It records trajectories with the same :class:`~agentrl.agents.TrajectoryBuilder`.
 
-**The engine** (:class:`SimulatedEngine`, a :class:`~agentrl.policy.Policy`) models continuous
+**The engine** (:class:`SimulatedEngine`, a :class:`~agentrl.policies.Policy`) models continuous
 batching with capacity C: at most C sequences decode at once and every decode step takes the same
 ``step_time`` however many of the C slots are in use, so a request of n tokens that gets a slot at
 step k finishes at step k + n. Requests wait in one FIFO queue and take a slot at the first step
@@ -70,10 +70,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from agentrl.agents.chat import ChatAgent, TrajectoryBuilder
 
+from agentrl.agents.chat import ChatAgent
+from agentrl.agents.trajectory import TrajectoryBuilder
 from agentrl.env import AgentEnv, Feedback, ResetResult, StepResult
-from agentrl.policy import Generation, Sampling
+from agentrl.policies import Generation, Sampling
 from agentrl.rollout import EpisodeLimits, RolloutEngine
 from agentrl.testing import build_tiny_tokenizer
 from agentrl.types import Message, Trajectory
@@ -156,7 +157,7 @@ _REQUEST = re.compile(r"task (\d+) turn (\d+)")
 
 
 class SimulatedEngine:
-    """A :class:`~agentrl.policy.Policy` that models continuous batching (see the module docstring).
+    """A :class:`~agentrl.policies.Policy` that models continuous batching (see the module docstring).
 
     A request's length is looked up from the ``task N turn T`` marker in the last observation, so
     the same request gets the same completion in both modes.

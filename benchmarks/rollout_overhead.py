@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 from agentrl.agents.chat import ChatAgent
 
 from agentrl.env import AgentEnv, Feedback, ResetResult, StepResult
-from agentrl.policy import Generation, Sampling
+from agentrl.policies import Generation, Sampling
 from agentrl.rollout import EpisodeLimits, RolloutEngine
 from agentrl.testing import build_tiny_tokenizer
 from agentrl.tools import tool
@@ -94,7 +94,7 @@ class InstantEnv(AgentEnv):
 
 
 class InstantPolicy:
-    """A :class:`~agentrl.policy.Policy` that returns the same precomputed reply ids at once."""
+    """A :class:`~agentrl.policies.Policy` that returns the same precomputed reply ids at once."""
 
     def __init__(self, reply_ids: Sequence[int]):
         self.reply_ids = list(reply_ids)

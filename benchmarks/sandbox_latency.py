@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from agentrl.sandboxes import DEFAULT_IMAGE, DockerSandbox, LocalSandbox, Sandbox, SandboxLimits
+from agentrl.sandboxes import DEFAULT_IMAGE, DockerSandbox, LocalSandbox, Sandbox, SandboxLimits, SandboxPool
 from agentrl.sandboxes.docker import docker_available, docker_client
 from agentrl.sandboxes.local import bubblewrap_problem, bwrap_argv
 
@@ -89,14 +89,6 @@ def throughput(sandboxes: Sequence[Sandbox], calls_each: int) -> Row:
     return Row("", total, float(np.percentile(ms, 50)), float(np.percentile(ms, 99)), total / wall)
 
 
-def start_many(make: Callable[[], Sandbox], n: int) -> list[Sandbox]:
-    """``n`` sandboxes started in parallel threads (a container start is mostly waiting)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=n) as pool:
-        return list(pool.map(lambda _: make(), range(n)))
-
-
 def bwrap_once() -> None:
     """One throw-away bubblewrap sandbox, set up as a LocalSandbox's, running ``true``."""
     subprocess.run(bwrap_argv(["/usr/bin/true"], SandboxLimits().disk_mb), check=True)
@@ -147,20 +139,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         notes.append(f"local rows left out: {problem}")
 
+    # The parallel sandboxes come from a pool: started together, all closed when it closes.
     if warm_docker is not None:
-        many = start_many(lambda: DockerSandbox(args.image), parallel)
-        try:
+        with SandboxPool(parallel, lambda: DockerSandbox(args.image)) as pool:
+            many = [pool.acquire() for _ in range(parallel)]
             rows.append(throughput(many, calls_each)._replace(mode=f"{parallel} DockerSandboxes in parallel"))
-        finally:
-            for sandbox in many:
-                sandbox.close()
     if problem is None:
-        many = start_many(LocalSandbox, parallel)
-        try:
+        with SandboxPool(parallel, LocalSandbox) as pool:
+            many = [pool.acquire() for _ in range(parallel)]
             rows.append(throughput(many, calls_each)._replace(mode=f"{parallel} LocalSandboxes in parallel"))
-        finally:
-            for sandbox in many:
-                sandbox.close()
 
     width = max(len(row.mode) for row in rows) if rows else 10
     print(f"{'mode':<{width}}  {'calls':>6}  {'p50 ms':>8}  {'p99 ms':>8}  {'calls/s':>8}")

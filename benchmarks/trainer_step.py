@@ -193,7 +193,7 @@ def trl_batch(trajectories: Sequence[Trajectory], shape: Shape, pad_token_id: in
     optimise the same loss to the last digit.
     """
     batch = collate(trajectories, pad_token_id)
-    advantages = estimate_advantages("grpo", batch, scale="group")
+    advantages = estimate_advantages("grpo", batch, scale="group").advantages
     ids = batch.input_ids
     completion_mask = torch.ones_like(ids[:, shape.prompt :])
     out: dict[str, Any] = {

@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from agentrl.agents.tool_formats import format_tool_calls
 from agentrl.env import AgentEnv, Feedback, Observation
 from agentrl.envs import _arithmetic
 from agentrl.envs._split import Split, check_split, draw
 from agentrl.registry import register
+from agentrl.tool_calls import format_tool_calls
 from agentrl.tools import ToolResult, tool
 from agentrl.types import Message, ToolCall
 

@@ -1,4 +1,4 @@
-"""Isolated code execution: the Sandbox protocol, the Docker and bubblewrap backends, a warm pool.
+"""Isolated code execution: the Sandbox protocol, the Docker and bubblewrap backends, one warm pool.
 
 See ``docs/sandboxes.md``; what each backend protects against is written at the top of
 :mod:`agentrl.sandboxes.docker` and :mod:`agentrl.sandboxes.local`.
@@ -7,20 +7,25 @@ See ``docs/sandboxes.md``; what each backend protects against is written at the 
 from agentrl.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits
 from agentrl.sandboxes.docker import DEFAULT_IMAGE, DockerSandbox, docker_available, remove_leaked_containers
 from agentrl.sandboxes.local import LocalSandbox, bubblewrap_available
-from agentrl.sandboxes.make import make_sandbox
-from agentrl.sandboxes.pool import SandboxPool
+from agentrl.sandboxes.make import SandboxSpec, make_sandbox
+from agentrl.sandboxes.pool import Lease, PoolStats, SandboxPool, close_pools, shared_pool
 
 __all__ = [
     "DEFAULT_IMAGE",
     "DockerSandbox",
     "ExecResult",
+    "Lease",
     "LocalSandbox",
+    "PoolStats",
     "Sandbox",
     "SandboxError",
     "SandboxLimits",
     "SandboxPool",
+    "SandboxSpec",
     "bubblewrap_available",
+    "close_pools",
     "docker_available",
     "make_sandbox",
     "remove_leaked_containers",
+    "shared_pool",
 ]

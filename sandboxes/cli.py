@@ -21,7 +21,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from agentrl.sandboxes.base import SandboxError
-from agentrl.sandboxes.docker import DEFAULT_IMAGE
+from agentrl.sandboxes.docker import DEFAULT_IMAGE, remove_leaked_containers
+from agentrl.sandboxes.image import build_image
+from agentrl.sandboxes.make import make_sandbox
 
 sandbox_app = typer.Typer(
     name="sandbox",
@@ -41,8 +43,6 @@ def build_image_command(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not print debootstrap's progress.")] = False,
 ) -> None:
     """Build the default Python sandbox image offline (debootstrap + docker import); skip if present."""
-    from agentrl.sandboxes.image import build_image
-
     try:
         result = build_image(tag, force=force, log=(lambda line: None) if quiet else console.out)
     except SandboxError as exc:
@@ -62,8 +62,6 @@ def check_command(
     calls: Annotated[int, typer.Option(help="Warm calls to time.")] = 20,
 ) -> None:
     """Start one sandbox, run a Python command in it, and time warm calls."""
-    from agentrl.sandboxes.make import make_sandbox
-
     start = time.perf_counter()
     try:
         sandbox = make_sandbox(backend, image)  # type: ignore[arg-type]
@@ -93,8 +91,6 @@ def check_command(
 @sandbox_app.command("cleanup")
 def cleanup_command() -> None:
     """Remove sandbox containers whose owner process is gone (left by a crashed run)."""
-    from agentrl.sandboxes.docker import remove_leaked_containers
-
     try:
         removed = remove_leaked_containers()
     except SandboxError as exc:

@@ -1,15 +1,21 @@
-"""make_sandbox: one sandbox from a backend name, with ``auto`` choosing what this machine has."""
+"""make_sandbox: one sandbox from a backend name, with ``auto`` choosing what this machine has.
+
+:class:`SandboxSpec` is the same choice as a value (backend, image, limits): hashable, so the
+pools of :mod:`agentrl.sandboxes.pool` are keyed by it.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Literal
 
 from agentrl.sandboxes.base import Sandbox, SandboxError, SandboxLimits
 from agentrl.sandboxes.docker import DEFAULT_IMAGE, DockerSandbox, docker_available
 from agentrl.sandboxes.local import LocalSandbox, bubblewrap_problem
+from agentrl.suggest import did_you_mean
 
-Backend = Literal["docker", "local", "auto"]
-BACKENDS: tuple[str, ...] = ("docker", "local", "auto")
+Backend = Literal["auto", "docker", "local"]
+BACKENDS: tuple[Backend, ...] = ("docker", "local", "auto")
 
 
 def make_sandbox(backend: Backend = "auto", image: str = DEFAULT_IMAGE, limits: SandboxLimits | None = None) -> Sandbox:
@@ -29,7 +35,9 @@ def make_sandbox(backend: Backend = "auto", image: str = DEFAULT_IMAGE, limits: 
     if backend == "local":
         return LocalSandbox(limits)
     if backend != "auto":
-        raise ValueError(f"unknown sandbox backend {backend!r}; expected one of {', '.join(BACKENDS)}")
+        hint = did_you_mean(backend, BACKENDS)
+        expected = f"unknown sandbox backend {backend!r}; expected one of {', '.join(BACKENDS)}"
+        raise ValueError(f"{expected}. {hint}" if hint else expected)
     if docker_available(image):
         return DockerSandbox(image, limits)
     problem = bubblewrap_problem()
@@ -41,3 +49,22 @@ def make_sandbox(backend: Backend = "auto", image: str = DEFAULT_IMAGE, limits: 
         else "the Docker Engine does not answer"
     )
     raise SandboxError(f"no sandbox backend is usable here: docker: {docker_reason}; local: {problem}")
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What kind of sandbox to make: ``SandboxSpec("docker", limits=SandboxLimits(memory_mb=256)).make()``.
+
+    Attributes:
+        backend: ``docker``, ``local`` or ``auto`` (see :func:`make_sandbox`).
+        image: The Docker image; None for :data:`~agentrl.sandboxes.DEFAULT_IMAGE`.
+        limits: Each sandbox's limits.
+    """
+
+    backend: Backend = "auto"
+    image: str | None = None
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+
+    def make(self) -> Sandbox:
+        """A new, started sandbox of this spec (SandboxError saying what is missing if none can start)."""
+        return make_sandbox(self.backend, self.image or DEFAULT_IMAGE, self.limits)

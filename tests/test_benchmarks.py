@@ -18,7 +18,7 @@ import types
 import numpy as np
 import pytest
 
-from agentrl.policy import Sampling
+from agentrl.policies import Sampling
 
 BENCHMARKS = pathlib.Path(__file__).parents[1] / "benchmarks"
 
@@ -86,7 +86,6 @@ def test_the_simulated_engine_batches_continuously(tiny_tokenizer):
 
 def test_the_cached_placeholder_head_gives_the_uncached_deltas(tiny_tokenizer):
     from agentrl.agents.chat import ChatAgent
-
     from agentrl.tools import tool
     from agentrl.types import Message
 
@@ -111,8 +110,8 @@ def test_the_cached_placeholder_head_gives_the_uncached_deltas(tiny_tokenizer):
 
 
 def test_would_exceed_then_add_observation_renders_once(tiny_tokenizer):
-    from agentrl.agents.chat import ChatAgent, TrajectoryBuilder
-
+    from agentrl.agents.chat import ChatAgent
+    from agentrl.agents.trajectory import TrajectoryBuilder
     from agentrl.types import Message
 
     agent = ChatAgent(tiny_tokenizer)

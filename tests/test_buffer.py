@@ -2,7 +2,7 @@ import asyncio
 
 import pytest
 
-from agentrl.buffer import TrajectoryBuffer
+from agentrl.rollout import TrajectoryBuffer
 from agentrl.types import Trajectory
 
 

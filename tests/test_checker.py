@@ -1,5 +1,6 @@
 """check_env passes on every registered env and catches each kind of breach."""
 
+import gymnasium as gym
 import pytest
 
 import agentrl
@@ -88,8 +89,73 @@ def test_checker_catches_breaches(env_class, message):
         agentrl.check_env(env_class())
 
 
-def test_checker_refuses_plain_gymnasium_envs():
-    import gymnasium as gym
+class PlainSay(gym.Env):
+    """Good, as a plain gymnasium.Env: the action comes as an assistant Message."""
 
-    with pytest.raises(EnvCheckError, match="must subclass agentrl.AgentEnv"):
+    observation_space = agentrl.MessagesSpace()
+    action_space = agentrl.ReplySpace()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n = int(self.np_random.integers(1000))
+        return [Message("user", f"Say {self.n}.")], {}
+
+    def step(self, action):
+        return [Message("user", "ok")], float(action.content == str(self.n)), True, False, {}
+
+
+class PlainUnseeded(PlainSay):
+    def reset(self, *, seed=None, options=None):
+        Unseeded.count += 1
+        return [Message("user", f"Say {Unseeded.count}.")], {}
+
+
+class PlainExpectsText(PlainSay):
+    def step(self, action):
+        return [Message("user", "ok")], float(action.strip() == str(self.n)), True, False, {}
+
+
+class GymWayGood(AgentEnv):
+    """Good, written the gymnasium way on AgentEnv."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.n = int(self.np_random.integers(1000))
+        return [Message("user", f"Say {self.n}.")], {}
+
+    def step(self, action):
+        return [Message("user", "ok")], float(self.parse_reply(action).content == str(self.n)), True, False, {}
+
+
+class SkipsInit(Good):
+    def __init__(self):
+        pass
+
+
+@pytest.mark.parametrize("make", [PlainSay, GymWayGood, lambda: gym.wrappers.OrderEnforcing(PlainSay())])
+def test_checker_passes_envs_written_the_gymnasium_way(make):
+    agentrl.check_env(make())
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        (PlainUnseeded(), r"PlainUnseeded.reset\(seed=0\) to give the same observation twice"),
+        (
+            PlainExpectsText(),
+            r"raised AttributeError.*gets the reply as an assistant agentrl.Message; its text is .content",
+        ),
+        (SkipsInit(), r"SkipsInit.__init__ to call super\(\).__init__\(\)"),
+        (object(), r"Expected an agentrl.AgentEnv, or a gymnasium.Env .*; got a builtins.object"),
+        (Good, r"got the class .*Good: pass an instance, Good\(...\)"),
+    ],
+)
+def test_checker_catches_breaches_of_gymnasium_style_envs(env, message):
+    with pytest.raises(EnvCheckError, match=message):
+        agentrl.check_env(env)
+
+
+def test_checker_refuses_gymnasium_envs_that_do_not_speak_messages():
+    expected = r"Expected CartPoleEnv, a gymnasium.Env, to speak messages.*got the observation array"
+    with pytest.raises(EnvCheckError, match=expected):
         agentrl.check_env(gym.make("CartPole-v1"))

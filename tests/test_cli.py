@@ -1,5 +1,6 @@
 """The ``agentrl`` command line: ``envs``, ``check`` and ``play``, through typer's CliRunner and once
-through the installed console script."""
+through the installed console script; every command's user errors (one message, exit 2, no
+traceback)."""
 
 from __future__ import annotations
 
@@ -68,10 +69,18 @@ class Crashing(Parrot):
         raise RuntimeError("boom")
 
 
+class Interrupted(Parrot):
+    """Stands for a person pressing Ctrl-C while an episode starts."""
+
+    def start(self, options):
+        raise KeyboardInterrupt
+
+
 TEST_ENVS = {
     "clitest/Parrot-v0": Parrot,
     "clitest/Unseeded-v0": Unseeded,
     "clitest/Crashing-v0": Crashing,
+    "clitest/Interrupted-v0": Interrupted,
     "clitest/Missing-v0": "clitest_no_such_module:Env",
 }
 
@@ -112,6 +121,27 @@ def test_envs_lists_every_builtin_with_its_description():
     for env_id in BUILTINS:
         assert env_id in result.output
         assert agentrl.describe(env_id)[:30] in " ".join(result.output.split())
+
+
+def test_envs_lists_multiagent_envs_with_their_agents():
+    ids = agentrl.multiagent_ids("agentrl")
+    assert "agentrl/Negotiation-v0" in ids
+    result = invoke("envs")
+    assert result.exit_code == 0, result.output
+    assert "multi-agent" in result.output
+    for env_id in ids:
+        env = agentrl.make_multiagent(env_id)
+        agents = list(env.possible_agents)
+        env.close()
+        assert env_id in result.output
+        for agent in agents:
+            assert agent in result.output
+
+
+def test_envs_in_an_unknown_namespace_suggest_a_known_one():
+    result = invoke("envs", "--namespace", "agentrll")
+    assert result.exit_code == 0, result.output
+    assert "No message envs are registered in namespace 'agentrll'. Did you mean 'agentrl'?" in result.output
 
 
 def test_envs_shows_a_broken_env_in_its_row(test_envs):
@@ -261,6 +291,107 @@ def test_human_plays_every_builtin_until_end_of_input(env_id):
     assert "I am not sure." in result.output and "summary" in result.output
 
 
+# --- user errors: one message, exit 2, no traceback, on every command ----------------------------
+
+
+@pytest.fixture
+def paths(tmp_path):
+    """A model directory and a config file that do not exist, a config that does, a run dir."""
+    config = tmp_path / "train.yaml"
+    config.write_text(f"run_dir: {tmp_path / 'run'}\nrollout:\n  backend: hf\n  model: {tmp_path / 'no-model'}\n")
+    return {
+        "model": str(tmp_path / "no-model"),
+        "missing": str(tmp_path / "missing.yaml"),
+        "config": str(config),
+        "run_dir": str(tmp_path / "run"),
+    }
+
+
+def rollout_args(command, env_id="agentrl/Calculator-v0", *extra):
+    return lambda p: [command, env_id, "--backend", "hf", "--model", p["model"], *extra]
+
+
+def train_args(*extra):
+    return lambda p: ["train", p["config"], *extra]
+
+
+# (command line, a fragment of the message); every kind of user error on every command it applies to.
+USER_ERRORS = {
+    "check: unknown env": (lambda p: ["check", "agentrl/Calculater-v0"], "Did you mean 'agentrl/Calculator-v0'"),
+    "check: multi-agent id": (lambda p: ["check", "agentrl/Negotiation-v0"], "make_multiagent"),
+    "check: malformed kwarg": (lambda p: ["check", "agentrl/Calculator-v0", "-k", "max_turns"], "key=value"),
+    "check: rejected kwarg": (lambda p: ["check", "agentrl/Calculator-v0", "-k", "colour=1"], "colour"),
+    "play: unknown env": (lambda p: ["play", "agentrl/Calculater-v0"], "Did you mean 'agentrl/Calculator-v0'"),
+    "play: malformed kwarg": (lambda p: ["play", "agentrl/Calculator-v0", "-k", "=3"], "key=value"),
+    "play: rejected kwarg": (lambda p: ["play", "agentrl/Calculator-v0", "-k", "colour=red"], "Could not make"),
+    "rollout: unknown env": (rollout_args("rollout", "agentrl/Calculater-v0"), "Did you mean 'agentrl/Calculator-v0'"),
+    "rollout: missing model": (rollout_args("rollout", "agentrl/Calculator-v0", "--episodes", "1"), "no-model"),
+    "rollout: bad value": (rollout_args("rollout", "agentrl/Calculator-v0", "temperature=hot"), "RolloutConfig.temperature must be a number, got 'hot'"),
+    "rollout: bad combination": (rollout_args("rollout", "agentrl/Calculator-v0", "episodes=3", "group_size=2"), "episodes 3 is not a multiple of group_size 2"),
+    "rollout: unknown field": (rollout_args("rollout", "agentrl/Calculator-v0", "temprature=0.5"), "Did you mean 'temperature'"),
+    "rollout: missing config": (lambda p: ["rollout", "agentrl/Calculator-v0", "--config", p["missing"]], "Cannot read config"),
+    "rollout: malformed override": (rollout_args("rollout", "agentrl/Calculator-v0", "temperature"), "must look like key=value"),
+    "eval: unknown env": (rollout_args("eval", "agentrl/Calculater-v0"), "Did you mean 'agentrl/Calculator-v0'"),
+    "eval: missing model": (rollout_args("eval", "agentrl/Calculator-v0", "--episodes", "1"), "no-model"),
+    "eval: bad value": (rollout_args("eval", "agentrl/Calculator-v0", "backend=nope"), "RolloutConfig.backend must be one of"),
+    "eval: unknown field": (rollout_args("eval", "agentrl/Calculator-v0", "epsiodes=4"), "Did you mean 'episodes'"),
+    "eval: missing config": (lambda p: ["eval", "agentrl/Calculator-v0", "--config", p["missing"]], "Cannot read config"),
+    "eval: malformed override": (rollout_args("eval", "agentrl/Calculator-v0", "=4"), "must look like key=value"),
+    "train: unknown env": (train_args("rollout.env_id=agentrl/Calculater-v0"), "Did you mean 'agentrl/Calculator-v0'"),
+    "train: missing model": (train_args("steps=1"), "no-model"),
+    "train: bad value": (train_args("trainer.lr=abc"), "TrainerConfig.lr must be a number, got 'abc'"),
+    "train: bad combination": (train_args("rollout.temperature=0"), "rollout.temperature must be above 0"),
+    "train: unknown field": (train_args("trainr.lr=1e-5"), "Did you mean 'trainer'"),
+    "train: missing config": (lambda p: ["train", p["missing"]], "Cannot read config"),
+    "train: malformed override": (train_args("steps"), "must look like key=value"),
+    "train: failing import": (train_args("imports=[agentrl_no_such_module]"), "imports: cannot import 'agentrl_no_such_module'"),
+    "plot: missing run dir": (lambda p: ["plot", p["run_dir"]], "No metrics.jsonl"),
+    "envs: unknown option": (lambda p: ["envs", "--colour"], "No such option"),
+    "sandbox: unknown option": (lambda p: ["sandbox", "check", "--colour"], "No such option"),
+}
+
+
+@pytest.mark.parametrize("case", USER_ERRORS)
+def test_user_errors_print_one_message_and_exit_2(case, paths):
+    args, message = USER_ERRORS[case]
+    result = invoke(*args(paths), input="")  # invoke re-raises any exception that escaped the CLI
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output
+
+
+def test_agentrl_traceback_shows_the_traceback_of_a_usage_error(monkeypatch):
+    monkeypatch.setenv("AGENTRL_TRACEBACK", "1")
+    with pytest.raises(agentrl.UnknownEnvError, match="Did you mean 'agentrl/Calculator-v0'"):
+        invoke("check", "agentrl/Calculater-v0")
+
+
+def test_ctrl_c_exits_130(test_envs):
+    result = invoke("check", "clitest/Interrupted-v0")
+    assert result.exit_code == 130
+    assert "interrupted" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["rollout", "agentrl/Calculater-v0", "--backend", "hf", "--model", "/nonexistent"],
+        ["eval", "agentrl/Calculater-v0", "--backend", "hf", "--model", "/nonexistent"],
+        ["train", "rollout.env_id=agentrl/Calculater-v0", "rollout.backend=hf", "rollout.model=/nonexistent"],
+    ],
+    ids=["rollout", "eval", "train"],
+)
+def test_console_script_typo_on_model_commands_is_one_line(args, tmp_path):
+    typo = subprocess.run(
+        [agentrl_script(), *args], check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert typo.returncode == 2, typo.stderr
+    assert "Traceback" not in typo.stderr + typo.stdout
+    lines = typo.stderr.strip().splitlines()
+    assert len(lines) == 1, typo.stderr  # the message alone, not 30 lines of traceback above it
+    assert "Unknown env 'agentrl/Calculater-v0'" in lines[0] and "Did you mean 'agentrl/Calculator-v0'" in lines[0]
+
+
 # --- the installed console script ---------------------------------------------------------------
 
 
@@ -279,7 +410,7 @@ def test_console_script_lists_envs_and_suggests_on_typos():
         [agentrl_script(), "envs"], check=False, capture_output=True, text=True, timeout=120
     )
     assert listing.returncode == 0, listing.stderr
-    for env_id in BUILTIN_IDS:
+    for env_id in (*BUILTIN_IDS, "agentrl/Negotiation-v0"):
         assert env_id in listing.stdout
     typo = subprocess.run(
         [agentrl_script(), "check", "agentrl/Calculater-v0"],

@@ -1,4 +1,5 @@
 import asyncio
+import threading
 import time
 
 import gymnasium as gym
@@ -256,3 +257,121 @@ def test_methods_listed_as_tools_are_bound_to_each_instance():
     assert asyncio.run(b.astep(bump)).observation[0].content == "105"
     assert c.step(bump).observation[0].content == "10"  # the subclass's override runs
     assert asyncio.run(a.astep(peek)).observation[0].content == "5" and b.count == 105
+
+
+# --- the gymnasium way: overriding reset / step ----------------------------------------------------
+
+
+class GymWaySum(AgentEnv):
+    """SumEnv written the gymnasium way: reset and step overridden, plain tuples returned."""
+
+    tools = (add,)
+
+    def __init__(self):
+        super().__init__()
+        self.step_threads: list[str] = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.a, self.b = (int(x) for x in self.np_random.integers(0, 100, size=2))
+        return [Message("user", f"{self.a} + {self.b}?")], {"task": (self.a, self.b)}
+
+    def step(self, action):
+        self.step_threads.append(threading.current_thread().name)
+        reply = self.parse_reply(action)
+        if reply.tool_calls:  # this env answers tool calls itself
+            return [Message("tool", "use your head", tool_call_id=reply.tool_calls[0].id)], 0.0, False, False, {}
+        right = reply.content.strip() == str(self.a + self.b)
+        return [Message("user", "Right." if right else "Wrong.")], float(right), True, False, {"success": right}
+
+
+def test_reset_and_step_overridden_the_gymnasium_way_work_sync_and_async():
+    env = GymWaySum()
+    assert env.reset(seed=8)[0] != env.reset(seed=7)[0] == env.reset(seed=7)[0]  # seeded by super().reset
+    observation, info = env.reset(seed=7)
+    assert info == {"task": (env.a, env.b)}
+    tool_call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    sync = [env.step(tool_call), env.step(str(env.a + env.b))]
+
+    async def play():
+        first = await env.areset(seed=7)
+        return first, [await env.astep(tool_call), await env.astep(str(env.a + env.b))]
+
+    first, steps = asyncio.run(play())
+    assert isinstance(first, agentrl.ResetResult) and first.observation == observation
+    assert all(isinstance(s, agentrl.StepResult) for s in steps)  # the rollout reads fields by name
+    assert [tuple(s) for s in steps] == [tuple(s) for s in sync]
+    assert steps[0].observation[0].content == "use your head"  # the override ran, not the base's tools
+    assert steps[1].reward == 1.0 and steps[1].info["success"] is True
+    main = threading.current_thread().name
+    assert env.step_threads[:2] == [main, main] and main not in env.step_threads[2:]  # off the loop
+
+
+def test_an_env_without_start_or_reset_is_told_both_ways():
+    class Nothing(AgentEnv):
+        pass
+
+    expected = r"must implement start\(options\) and respond.*or override reset and step"
+    with pytest.raises(NotImplementedError, match=expected):
+        Nothing().reset(seed=0)
+
+
+def test_a_reset_override_over_start_still_starts():
+    class Logged(SumEnv):
+        def reset(self, *, seed=None, options=None):
+            observation, info = super().reset(seed=seed, options=options)
+            return observation, {**info, "logged": True}
+
+    env = Logged()
+    observation, info = env.reset(seed=3)
+    assert observation == SumEnv().reset(seed=3).observation and info["logged"] is True
+    assert asyncio.run(env.areset(seed=3)) == (observation, info)
+
+
+def test_a_reset_override_that_skips_super_is_told_so():
+    class NoSuper(SumEnv):
+        def reset(self, *, seed=None, options=None):
+            return [Message("user", "1 + 1?")], {}
+
+    env = NoSuper()
+    env.reset(seed=0)
+    with pytest.raises(RuntimeError, match=r"an overriding reset must call super\(\)\.reset\(seed=seed\)"):
+        env.step("2")
+
+
+def test_an_env_writing_step_and_astep_keeps_the_async_tool_path():
+    # CodeSandbox's shape: step wraps super().step, astep wraps super().astep. The base astep must
+    # not fall back to the sync step then (its tools would block a thread instead of being awaited).
+    class Both(SumEnv):
+        sync_steps = 0
+
+        def step(self, action):
+            Both.sync_steps += 1
+            return super().step(action)
+
+        async def astep(self, action):
+            return await super().astep(action)
+
+    class StepOnly(SumEnv):
+        sync_steps = 0
+
+        def step(self, action):
+            StepOnly.sync_steps += 1
+            return super().step(action)
+
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    for cls, expected in ((Both, 1), (StepOnly, 2)):  # Both: only the reply without calls
+        env = cls()
+        env.reset(seed=0)
+        assert asyncio.run(env.astep(call)).observation[0].content == "3"
+        assert asyncio.run(env.astep("5")).terminated
+        assert cls.sync_steps == expected, cls.__name__
+
+
+def test_an_init_that_skips_super_init_is_told_so():
+    class NoInit(SumEnv):
+        def __init__(self, level: int):
+            self.level = level
+
+    with pytest.raises(TypeError, match=r"NoInit.__init__ must call super\(\).__init__\(\)"):
+        NoInit(3).reset(seed=0)

@@ -13,11 +13,11 @@ import pathlib
 from typing import Any
 
 import pytest
-from agentrl.agents.tool_formats import TOOL_FORMATS, format_tool_calls, parse_reply
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentrl.env import AgentEnv, Observation
+from agentrl.tool_calls import TOOL_FORMATS, format_tool_calls, parse_reply
 from agentrl.tools import Tool, ToolResult, acall_tool, call_tool, tool
 from agentrl.types import Message, ToolCall
 

@@ -15,7 +15,7 @@ from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, see
 
 import agentrl
 from agentrl.agents import ChatAgent
-from agentrl.buffer import TrajectoryBuffer
+from agentrl.rollout import TrajectoryBuffer
 from agentrl.checker import GARBAGE_REPLIES
 from agentrl.envs._split import split_of
 from agentrl.envs.negotiation import NegotiationEnv, parse_claim
@@ -27,7 +27,7 @@ from agentrl.multiagent import (
     register_multiagent,
     run_multiagent_episode,
 )
-from agentrl.policy import Sampling
+from agentrl.policies import Sampling
 from agentrl.registry import UnknownEnvError
 from agentrl.rollout import EpisodeLimits
 from agentrl.testing import ScriptedPolicy

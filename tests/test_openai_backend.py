@@ -26,7 +26,7 @@ import agentrl
 from agentrl.agents import ChatAgent
 from agentrl.cli import app
 from agentrl.policies.openai import OpenAIPolicy
-from agentrl.policy import Policy, Sampling
+from agentrl.policies import Policy, Sampling
 from agentrl.rollout import EpisodeLimits, RolloutEngine
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-# pip builds and installs two packages, and each check starts a fresh Python: about 30 s here.
+# pip builds and installs three packages, and each check starts a fresh Python: about 45 s here.
 pytestmark = pytest.mark.slow
 
 PYPROJECT = """\
@@ -84,6 +84,57 @@ ECHO = {
     'agentrl_test_reverse = "agentrl_test_echo.envs:register_reverse"',
     "files": {"__init__.py": "", "envs.py": ECHO_ENVS},
 }
+GYMSTYLE_ENVS = '''\
+"""Envs written the gymnasium way: an AgentEnv overriding reset/step, and a plain gymnasium.Env."""
+
+import gymnasium
+
+import agentrl
+from agentrl import AgentEnv, Message, MessagesSpace, ReplySpace
+
+WORDS = ["apple", "pear", "plum", "quince"]
+
+
+class GymWayEcho(AgentEnv):
+    """Say the word you are given (an AgentEnv written the gymnasium way)."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.word = WORDS[int(self.np_random.integers(len(WORDS)))]
+        return [Message("user", f"Say {self.word}.")], {}
+
+    def step(self, action):
+        won = self.parse_reply(action).content.strip() == self.word
+        return [Message("user", "Right." if won else "Wrong.")], float(won), True, False, {"success": won}
+
+
+class PlainEcho(gymnasium.Env):
+    """Say the word you are given (a plain gymnasium.Env speaking messages)."""
+
+    observation_space = MessagesSpace()
+    action_space = ReplySpace()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.word = WORDS[int(self.np_random.integers(len(WORDS)))]
+        return [Message("user", f"Say {self.word}.")], {}
+
+    def step(self, action):  # action: an assistant agentrl.Message
+        won = action.content.strip() == self.word
+        return [Message("user", "Right." if won else "Wrong.")], float(won), True, False, {"success": won}
+
+
+agentrl.register("thirdparty/GymWayEcho-v0", "agentrl_test_gymstyle.envs:GymWayEcho")
+# A gymnasium user's habit: plain gymnasium.register (gymnasium.make then adds its checking wrappers).
+gymnasium.register("thirdparty/PlainEcho-v0", "agentrl_test_gymstyle.envs:PlainEcho")
+'''
+
+GYMSTYLE = {
+    "dist": "agentrl-test-gymstyle",
+    "module": "agentrl_test_gymstyle",
+    "entry_points": 'agentrl_test_gymstyle = "agentrl_test_gymstyle.envs"',
+    "files": {"__init__.py": "", "envs.py": GYMSTYLE_ENVS},
+}
 BROKEN = {
     "dist": "agentrl-test-broken",
     "module": "agentrl_test_broken",
@@ -142,6 +193,11 @@ def install(package: dict, root: Path) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def echo_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield from install(ECHO, tmp_path_factory.mktemp("echo"))
+
+
+@pytest.fixture(scope="module")
+def gymstyle_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    yield from install(GYMSTYLE, tmp_path_factory.mktemp("gymstyle"))
 
 
 @pytest.fixture
@@ -216,3 +272,53 @@ def test_broken_plugin_warns_but_agentrl_still_works(broken_plugin, tmp_path):
     assert unknown.returncode == 2
     assert "Unknown env 'thirdparty/Nothing-v0'" in unknown.stderr
     assert "agentrl_test_broken" in unknown.stderr  # the hint says which plugins failed to load
+
+
+GYMSTYLE_IDS = ["thirdparty/GymWayEcho-v0", "thirdparty/PlainEcho-v0"]
+
+
+@pytest.mark.parametrize("env_id", GYMSTYLE_IDS)
+def test_gymnasium_style_plugin_envs_pass_check(gymstyle_plugin, tmp_path, env_id):
+    result = fresh(agentrl_cli("check", env_id), tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "passed" in result.stdout
+
+
+def test_gymnasium_style_plugin_envs_are_made_and_played_by_the_rollout_engine(gymstyle_plugin, tmp_path):
+    script = textwrap.dedent(
+        """
+        import asyncio, json, sys
+        import agentrl
+        from agentrl.agents import ChatAgent
+        from agentrl.env import as_agent_env
+        from agentrl.rollout import RolloutEngine
+        from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
+
+        seen = {"imported_before_make": "agentrl_test_gymstyle" in sys.modules}
+        tokenizer = build_tiny_tokenizer()
+        for env_id in sys.argv[1:]:
+            env = agentrl.make(env_id)
+            seen[env_id + " class"] = type(env.unwrapped).__module__
+            agent = ChatAgent.from_env(tokenizer, as_agent_env(env))
+            policy = ScriptedPolicy(tokenizer, lambda prompt: prompt.split("Say ")[-1].split(".")[0])
+            make_env = lambda: as_agent_env(agentrl.make(env_id))
+            engine = RolloutEngine(make_env, agent, policy, env_id=env_id, group_size=2)
+            trajectories = asyncio.run(engine.collect(num_groups=2))
+            engine.close()
+            seen[env_id] = [(t.error, t.reward) for t in trajectories]
+        print(json.dumps(seen))
+        """
+    )
+    result = fresh([sys.executable, "-c", script, *GYMSTYLE_IDS], tmp_path)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["imported_before_make"] is False
+    for env_id in GYMSTYLE_IDS:
+        assert seen[env_id + " class"] == "agentrl_test_gymstyle.envs"
+        assert seen[env_id] == [[None, 1.0]] * 4, env_id
+
+
+def test_gymnasium_style_plugin_env_registered_with_agentrl_is_listed(gymstyle_plugin, tmp_path):
+    result = fresh(agentrl_cli("envs"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "thirdparty/GymWayEcho-v0" in result.stdout

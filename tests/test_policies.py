@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch", reason="the policy backends need torch (pip
 import agentrl  # noqa: E402
 from agentrl.agents import ChatAgent  # noqa: E402
 from agentrl.policies.hf import HFPolicy  # noqa: E402
-from agentrl.policy import Policy, Sampling  # noqa: E402
+from agentrl.policies import Policy, Sampling  # noqa: E402
 from agentrl.rollout import EpisodeLimits, RolloutEngine  # noqa: E402
 from agentrl.testing import max_logprob_gap, reference_logprobs, reference_model  # noqa: E402
 from agentrl.types import Trajectory  # noqa: E402

@@ -28,11 +28,11 @@ ray = pytest.importorskip("ray", reason="the distributed rollout needs ray (pip 
 import agentrl  # noqa: E402
 from agentrl import Message  # noqa: E402
 from agentrl.agents import ChatAgent  # noqa: E402
-from agentrl.buffer import TrajectoryBuffer  # noqa: E402
-from agentrl.distributed import DistributedRollout, _runs, _split  # noqa: E402
+from agentrl.rollout import TrajectoryBuffer  # noqa: E402
+from agentrl.rollout.ray import DistributedRollout, _runs, _split  # noqa: E402
 from agentrl.multiagent import MultiAgentRolloutEngine, make_multiagent  # noqa: E402
-from agentrl.policy import Sampling  # noqa: E402
-from agentrl.policy_actor import PolicyActor, build_policy  # noqa: E402
+from agentrl.policies import Sampling  # noqa: E402
+from agentrl.policies.ray_actor import PolicyActor  # noqa: E402
 from agentrl.rollout import EpisodeLimits, RolloutEngine  # noqa: E402
 from agentrl.run import RolloutConfig, rollout  # noqa: E402
 from agentrl.testing import ScriptedPolicy, max_logprob_gap, reference_model  # noqa: E402
@@ -90,17 +90,6 @@ def test_groups_split_into_contiguous_ranges_and_runs():
     assert _split(0, 1, 2) == [(0, 1), (1, 0)]
     assert _runs([7, 3, 4, 5, 9, 10]) == [(3, 3), (7, 1), (9, 2)]
     assert _runs([]) == []
-
-
-def test_build_policy_explains_bad_backends(tiny_tokenizer):
-    with pytest.raises(ValueError, match="Unknown backend 'hff'"):
-        build_policy("hff", "model")
-    with pytest.raises(ValueError, match="needs a model"):
-        build_policy("hf")
-    with pytest.raises(ValueError, match="callable backend takes no model"):
-        build_policy(lambda: None, "model")
-    policy = build_policy(lambda: ScriptedPolicy(tiny_tokenizer, REPLY))
-    assert isinstance(policy, ScriptedPolicy)
 
 
 # --- one local cluster ------------------------------------------------------------------------------

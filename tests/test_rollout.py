@@ -13,8 +13,8 @@ import pytest
 import agentrl
 from agentrl import AgentEnv, Feedback, Message
 from agentrl.agents import ChatAgent
-from agentrl.buffer import TrajectoryBuffer
-from agentrl.policy import Sampling
+from agentrl.rollout import TrajectoryBuffer
+from agentrl.policies import Sampling
 from agentrl.rollout import EpisodeLimits, RolloutEngine, run_episode
 from agentrl.testing import ScriptedPolicy
 

@@ -3,6 +3,7 @@
 import asyncio
 import dataclasses
 import datetime
+import doctest
 import enum
 import functools
 import json
@@ -14,6 +15,9 @@ from typing import Annotated, Any, Literal, Optional
 
 import pytest
 
+import agentrl.tools
+import agentrl.tools.arguments
+import agentrl.tools.schema
 from agentrl.tools import (
     Tool,
     ToolResult,
@@ -662,3 +666,8 @@ def test_tool_threads_are_reused_and_never_delay_interpreter_exit():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50)
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
     assert time.perf_counter() - started < 30, "a hung tool thread held up interpreter exit"
+
+
+def test_docstring_examples():
+    for module in (agentrl.tools, agentrl.tools.schema, agentrl.tools.arguments):
+        assert doctest.testmod(module).failed == 0, module.__name__

@@ -1,6 +1,6 @@
 """Trainers: advantage estimators and losses as small pure functions, the training step, checkpoints.
 
-- :mod:`agentrl.trainers.advantages`: GRPO, Dr. GRPO, RLOO, REINFORCE++, GAE.
+- :mod:`agentrl.trainers.advantages`: GRPO, Dr. GRPO, RLOO, REINFORCE++, GAE, by name.
 - :mod:`agentrl.trainers.losses`: PPO's clipped surrogate (asymmetric, dual-clip, TIS, decoupled),
   value loss, KL estimators, entropy, loss aggregation modes.
 - :mod:`agentrl.trainers.batch`: trajectories as padded tensors.
@@ -13,6 +13,7 @@ The controller that runs rollouts and training together is :mod:`agentrl.train` 
 
 from agentrl.trainers.advantages import (
     ADVANTAGE_ESTIMATORS,
+    Advantages,
     estimate_advantages,
     expand_to_tokens,
     gae,
@@ -29,8 +30,6 @@ from agentrl.trainers.losses import (
     kl_estimate,
     kl_penalty_rewards,
     policy_loss,
-    token_entropy,
-    token_logprobs,
     value_loss,
 )
 from agentrl.trainers.models import ValueModel, generated_logprobs, inference_state_dict, load_policy_model
@@ -38,6 +37,7 @@ from agentrl.trainers.trainer import Trainer, TrainerConfig
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "Advantages",
     "Batch",
     "PolicyLossStats",
     "Trainer",
@@ -61,7 +61,5 @@ __all__ = [
     "reinforce_pp_advantages",
     "rloo_advantages",
     "save_checkpoint",
-    "token_entropy",
-    "token_logprobs",
     "value_loss",
 ]

@@ -7,17 +7,19 @@ generated token of the turn, and run over generated tokens only: prompt, observa
 positions (``mask`` 0) are skipped, as if the generated tokens of all turns stood side by side.
 Every ``[B, T]`` result is 0 where ``mask`` is 0.
 
-:func:`estimate_advantages` is the one call a trainer makes: it picks an estimator of
-:data:`ADVANTAGE_ESTIMATORS` by name and returns ``[B, T]`` advantages for a :class:`Batch`.
+:func:`estimate_advantages` is the one call a trainer makes, for every algorithm: it picks an
+estimator of :data:`ADVANTAGE_ESTIMATORS` by name and returns :class:`Advantages` for a
+:class:`Batch`: ``[B, T]`` advantages and, for an estimator with a critic (GAE), the returns the
+critic learns from.
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Literal, NamedTuple, Protocol
 
 import torch
 
+from agentrl.suggest import did_you_mean
 from agentrl.trainers.batch import Batch
 
 Scale = Literal["group", "batch", "none"]
@@ -163,11 +165,14 @@ def reinforce_pp_advantages(
     return masked_whiten(discounted_returns(token_rewards, mask, gamma=gamma), mask, eps=eps)
 
 
-class GAE(NamedTuple):
-    """What :func:`gae` returns: ``[B, T]`` advantages and returns (the critic's targets)."""
+class Advantages(NamedTuple):
+    """What :func:`gae` and every estimator return: ``[B, T]`` tensors, 0 off generated tokens."""
 
     advantages: torch.Tensor
-    returns: torch.Tensor
+    """Each generated token's advantage."""
+    returns: torch.Tensor | None = None
+    """The critic's targets, advantages plus values (:func:`gae`); None for estimators without a
+    critic."""
 
 
 def gae(
@@ -177,7 +182,7 @@ def gae(
     *,
     gamma: float = 1.0,
     lam: float = 0.95,
-) -> GAE:
+) -> Advantages:
     """Generalised advantage estimation (Schulman et al. 2016) over generated tokens.
 
     ``values[:, t]`` is the critic's value of the state in which token ``t`` was generated (the
@@ -207,12 +212,12 @@ def gae(
         advantages[:, t] = running
     advantages = _unpack(advantages, order, mask)
     returns = advantages + torch.where(mask > 0, values.detach().to(torch.float32), 0.0)
-    return GAE(advantages, returns)
+    return Advantages(advantages, returns)
 
 
 class AdvantageEstimator(Protocol):
     """The common call shape of :data:`ADVANTAGE_ESTIMATORS`: a batch (and, for GAE, values) in,
-    ``[B, T]`` advantages out (0 where ``batch.loss_mask`` is 0)."""
+    :class:`Advantages` out (0 where ``batch.loss_mask`` is 0; returns only from GAE)."""
 
     def __call__(
         self,
@@ -224,15 +229,15 @@ class AdvantageEstimator(Protocol):
         lam: float,
         scale: Scale | None,
         whiten: bool,
-    ) -> torch.Tensor: ...
+    ) -> Advantages: ...
 
 
-def _grpo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, **_: object) -> torch.Tensor:
+def _grpo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, **_: object) -> Advantages:
     advantages = group_advantages(batch.rewards, batch.group_index, scale=scale or "group")
-    return expand_to_tokens(advantages, batch.loss_mask)
+    return Advantages(expand_to_tokens(advantages, batch.loss_mask))
 
 
-def _dr_grpo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, **_: object) -> torch.Tensor:
+def _dr_grpo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, **_: object) -> Advantages:
     if scale not in (None, "none"):
         raise ValueError(
             f"dr_grpo is GRPO without std scaling; got scale={scale!r}. Use 'grpo' with scale={scale!r} "
@@ -241,14 +246,14 @@ def _dr_grpo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, 
     return _grpo(batch, values, scale="none")
 
 
-def _rloo(batch: Batch, values: torch.Tensor | None, **_: object) -> torch.Tensor:
-    return expand_to_tokens(rloo_advantages(batch.rewards, batch.group_index), batch.loss_mask)
+def _rloo(batch: Batch, values: torch.Tensor | None, **_: object) -> Advantages:
+    return Advantages(expand_to_tokens(rloo_advantages(batch.rewards, batch.group_index), batch.loss_mask))
 
 
 def _reinforce_pp(
     batch: Batch, values: torch.Tensor | None, *, token_rewards: torch.Tensor, gamma: float, **_: object
-) -> torch.Tensor:
-    return reinforce_pp_advantages(token_rewards, batch.loss_mask, gamma=gamma)
+) -> Advantages:
+    return Advantages(reinforce_pp_advantages(token_rewards, batch.loss_mask, gamma=gamma))
 
 
 def _gae(
@@ -260,12 +265,13 @@ def _gae(
     lam: float,
     whiten: bool,
     **_: object,
-) -> torch.Tensor:
+) -> Advantages:
     if values is None:
         raise ValueError("The 'gae' estimator needs the critic's values [B, T]; pass values=... (PPO with a critic).")
-    advantages = gae(token_rewards, values, batch.loss_mask, gamma=gamma, lam=lam).advantages
-    # PPO implementations (baselines, cleanrl, OpenRLHF, verl) normalise GAE advantages by default.
-    return masked_whiten(advantages, batch.loss_mask) if whiten else advantages
+    advantages, returns = gae(token_rewards, values, batch.loss_mask, gamma=gamma, lam=lam)
+    # PPO implementations (baselines, cleanrl, OpenRLHF, verl) normalise GAE advantages by default;
+    # the critic's targets are the returns of the advantages before that.
+    return Advantages(masked_whiten(advantages, batch.loss_mask) if whiten else advantages, returns)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
@@ -288,8 +294,9 @@ def estimate_advantages(
     scale: Scale | None = None,
     token_rewards: torch.Tensor | None = None,
     whiten: bool = True,
-) -> torch.Tensor:
-    """``[B, T]`` advantages of ``batch`` by the estimator called ``name`` (0 off generated tokens).
+) -> Advantages:
+    """The :class:`Advantages` of ``batch`` by the estimator called ``name``: ``[B, T]`` advantages
+    (0 off generated tokens) and, from ``gae``, the critic's ``[B, T]`` returns (None otherwise).
 
     Args:
         name: a key of :data:`ADVANTAGE_ESTIMATORS`: ``grpo``, ``dr_grpo``, ``rloo``,
@@ -297,7 +304,8 @@ def estimate_advantages(
         batch: the whole batch (group baselines need every member of a group: estimate before
             splitting into micro-batches).
         values: the critic's ``[B, T]`` values, aligned with the tokens; only ``gae`` reads them
-            (and needs them). The critic's targets come from :func:`gae` itself.
+            (and needs them), and returns the critic's targets (advantages before whitening plus
+            values).
         gamma: discount per generated token (``reinforce_pp``, ``gae``).
         lam: GAE's lambda.
         scale: ``grpo``'s scaling (``group`` when unset); ``dr_grpo`` allows only ``none``; the
@@ -311,10 +319,10 @@ def estimate_advantages(
         ValueError: for an unknown name (with the closest known one), or ``gae`` without values.
     """
     if name not in ADVANTAGE_ESTIMATORS:
-        close = difflib.get_close_matches(name, ADVANTAGE_ESTIMATORS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
+        hint = did_you_mean(name, ADVANTAGE_ESTIMATORS)
         raise ValueError(
-            f"Unknown advantage estimator {name!r}; expected one of {sorted(ADVANTAGE_ESTIMATORS)}.{hint}"
+            f"Unknown advantage estimator {name!r}; expected one of {sorted(ADVANTAGE_ESTIMATORS)}."
+            + (f" {hint}" if hint else "")
         )
     return ADVANTAGE_ESTIMATORS[name](
         batch,

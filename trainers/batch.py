@@ -8,14 +8,16 @@ loss that is masked by ``loss_mask`` ignores them.
 
 A :class:`Batch` is cut into micro-batches with :meth:`Batch.split` (or :meth:`Batch.select`)
 without renumbering anything: ``group_index`` keeps the numbering of the whole batch, so compute
-group-level advantages on the whole batch first, attach them (``extras``), then split.
+group-level advantages on the whole batch first, attach them (``dataclasses.replace(batch,
+advantages=...)``), then split. The fields after ``group_ids`` are what a trainer attaches before
+its update (None until then); every tensor field is carried along by ``split``, ``select`` and ``to``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -55,10 +57,18 @@ class Batch:
     """``[B]`` long: each trajectory's length before padding."""
     group_ids: tuple[str, ...] = ()
     """The ``group_id`` string of each group index (``group_ids[group_index[i]]``)."""
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Tensors the trainer attaches, each with ``B`` as its first dimension (old log-probs,
-    reference log-probs, values, advantages): :meth:`select`, :meth:`split` and :meth:`to` carry
-    them along with the rest."""
+    # What the trainer attaches before its update, each [B, T] and 0 off generated tokens.
+    old_logprobs: torch.Tensor | None = None
+    """The policy's log-probs before the update, when the batch feeds several updates (PPO epochs,
+    mini-batches); None means the current ones, detached."""
+    ref_logprobs: torch.Tensor | None = None
+    """The frozen reference model's log-probs (the KL term)."""
+    values: torch.Tensor | None = None
+    """The critic's values before the update (PPO)."""
+    advantages: torch.Tensor | None = None
+    """Each generated token's advantage (:func:`agentrl.trainers.advantages.estimate_advantages`)."""
+    returns: torch.Tensor | None = None
+    """The critic's targets (PPO: GAE's returns)."""
 
     def __len__(self) -> int:
         """The number of trajectories ``B``."""
@@ -76,19 +86,19 @@ class Batch:
         return int((self.loss_mask.sum(dim=-1) > 0).sum().item())
 
     def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
-        changes = {f.name: fn(getattr(self, f.name)) for f in dataclasses.fields(self) if _is_tensor_field(f)}
-        changes["extras"] = {name: fn(value) for name, value in self.extras.items()}
-        return dataclasses.replace(self, **changes)
+        """A new batch with ``fn`` applied to every tensor field (fields that are None stay None)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return dataclasses.replace(self, **{n: fn(v) for n, v in values.items() if isinstance(v, torch.Tensor)})
 
     def to(self, device: torch.device | str) -> Batch:
-        """The same batch with every tensor (``extras`` included) on ``device``."""
+        """The same batch with every tensor (the trainer's fields included) on ``device``."""
         return self._map(lambda tensor: tensor.to(device))
 
     def select(self, indices: Sequence[int] | torch.Tensor) -> Batch:
         """The trajectories at ``indices``, in that order, as a new batch of the same length ``T``.
 
-        ``group_index`` and ``group_ids`` keep the whole batch's numbering; ``extras`` are
-        selected along their first dimension too.
+        ``group_index`` and ``group_ids`` keep the whole batch's numbering; the trainer's fields
+        are selected too.
         """
         index = torch.as_tensor(indices, dtype=torch.long, device=self.input_ids.device)
         if index.ndim != 1:
@@ -110,10 +120,6 @@ class Batch:
             self.select(range(start, min(start + micro_batch_size, len(self))))
             for start in range(0, len(self), micro_batch_size)
         ]
-
-
-def _is_tensor_field(f: dataclasses.Field) -> bool:
-    return f.name not in ("group_ids", "extras")
 
 
 def collate(

@@ -1,10 +1,11 @@
 """Losses: pure functions of ``[B, T]`` tensors aligned with the token ids.
 
-Position ``t`` of every per-token tensor describes token ``t``: :func:`token_logprobs` puts there
-the log-prob of token ``t`` under the logits at ``t - 1``, and position 0 (no context) holds 0. The
-per-token losses are 0 where the mask is 0; :func:`aggregate` turns them into one scalar in one of
-three documented ways, and sums over micro-batches to the whole batch's value when it is given
-the whole batch's counts (gradient accumulation gives the same gradient as one big batch).
+Position ``t`` of every per-token tensor describes token ``t``: the log-prob of token ``t`` given
+the tokens before it (:func:`agentrl.trainers.models.generated_logprobs`), its advantage, its KL to
+the reference; position 0 (no context) holds 0. The per-token losses are 0 where the mask is 0;
+:func:`aggregate` turns them into one scalar in one of three documented ways, and sums over
+micro-batches to the whole batch's value when it is given the whole batch's counts (gradient
+accumulation gives the same gradient as one big batch).
 
 Return values carry names: :class:`PolicyLossStats` holds 0-dim detached tensors (``float()`` them
 for logging; keeping them as tensors avoids a device sync per micro-batch).
@@ -12,7 +13,7 @@ for logging; keeping them as tensors avoids a device sync per micro-batch).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import torch
@@ -21,71 +22,6 @@ AggregationMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-s
 KLKind = Literal["k1", "k2", "k3"]
 Correction = Literal["none", "tis", "decoupled"]
 CORRECTIONS: tuple[str, ...] = ("none", "tis", "decoupled")
-
-
-def _check_logits(logits: torch.Tensor) -> None:
-    if logits.ndim != 3:
-        raise ValueError(f"logits must be [B, T, V], got shape {tuple(logits.shape)}.")
-
-
-def _shift(per_position: list[torch.Tensor], batch_size: int, device: torch.device) -> torch.Tensor:
-    """Stack rows of ``T - 1`` values computed from positions ``0..T-2`` and move them one to the
-    right, so that position ``t`` describes token ``t`` and position 0 holds 0."""
-    body = torch.stack(per_position) if per_position else torch.zeros((batch_size, 0), device=device)
-    return torch.cat([body.new_zeros((batch_size, 1)), body], dim=1)
-
-
-def _predicting_rows(logits: torch.Tensor, temperature: float) -> Iterator[torch.Tensor]:
-    """Each sequence's logits at positions 0..T-2 (those that predict a next token), upcast to at
-    least float32 and divided by ``temperature``, one sequence at a time."""
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}.")
-    # Half-precision logits are upcast: the log-probs feed ratios that must resolve 1e-3 changes.
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    for b in range(logits.shape[0]):
-        row = logits[b, :-1].to(dtype)
-        yield row / temperature if temperature != 1.0 else row
-
-
-def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
-    """``[B, T]`` log-probs of each token under the logits one position earlier (0 at position 0).
-
-    Computed in float32 (or the logits' dtype if wider) as ``logit[token] - logsumexp(logits)``,
-    one sequence at a time, so the full ``[B, T, V]`` log-softmax is never materialised.
-    ``temperature`` must be the sampling temperature of the engine whose log-probs these are
-    compared with (vLLM divides the logits by it before its log-probs).
-    """
-    _check_logits(logits)
-    if input_ids.shape != logits.shape[:2]:
-        raise ValueError(
-            f"input_ids must be [B, T] = {tuple(logits.shape[:2])} like the logits, got {tuple(input_ids.shape)}."
-        )
-    rows = []
-    for b, row in enumerate(_predicting_rows(logits, temperature)):
-        chosen = row.gather(-1, input_ids[b, 1:, None]).squeeze(-1)
-        rows.append(chosen - torch.logsumexp(row, dim=-1))
-    return _shift(rows, logits.shape[0], logits.device)
-
-
-def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
-    """``[B, T]`` entropy (nats) of the distribution each token was drawn from, aligned like
-    :func:`token_logprobs` (0 at position 0)."""
-    _check_logits(logits)
-    rows = []
-    for row in _predicting_rows(logits, temperature):
-        # H = logsumexp(l) - sum softmax(l) * l, without forming log_softmax's [T, V] output twice.
-        rows.append(torch.logsumexp(row, dim=-1) - (torch.softmax(row, dim=-1) * row).sum(-1))
-    return _shift(rows, logits.shape[0], logits.device)
-
-
-def token_values(head_values: torch.Tensor) -> torch.Tensor:
-    """Align a critic's per-position outputs ``[B, T]`` with the tokens: the value of the state in
-    which token ``t`` is generated is the head's output at ``t - 1`` (0 at position 0), which is
-    what :func:`agentrl.trainers.advantages.gae` and :func:`value_loss` expect."""
-    if head_values.ndim != 2:
-        raise ValueError(f"head_values must be [B, T], got shape {tuple(head_values.shape)}.")
-    return torch.cat([head_values.new_zeros((head_values.shape[0], 1)), head_values[:, :-1]], dim=1)
-
 
 KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "k1": lambda log_ratio: log_ratio,

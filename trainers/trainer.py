@@ -8,7 +8,9 @@ bottom:
 2. without gradients: the old log-probs (only when more than one update uses this batch; for a
    single update they equal the current ones, detached), the reference log-probs (KL) and values
    (PPO);
-3. advantages (GRPO, Dr. GRPO, RLOO, REINFORCE++ or GAE), from rewards with an optional KL penalty;
+3. advantages from rewards with an optional KL penalty, by the algorithm's estimator in
+   :data:`~agentrl.trainers.advantages.ADVANTAGE_ESTIMATORS` (GRPO, Dr. GRPO, RLOO, REINFORCE++, or
+   GAE for PPO, which also gives the critic's returns);
 4. for each epoch and mini-batch: micro-batches with gradient accumulation, each loss aggregated
    with the whole mini-batch's token and sequence counts (so accumulation changes nothing), then
    gradient clipping, an optimizer step and a scheduler step.
@@ -27,7 +29,7 @@ import math
 import random
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -35,13 +37,17 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agentrl.trainers.advantages import estimate_advantages, gae, masked_whiten
+from agentrl.trainers.advantages import estimate_advantages
 from agentrl.trainers.batch import Batch, collate
 from agentrl.trainers.losses import aggregate, kl_estimate, kl_penalty_rewards, policy_loss, value_loss
 from agentrl.trainers.models import ValueModel, generated_logprobs, inference_state_dict
 from agentrl.types import Trajectory
 
 Algorithm = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo"]
+
+ESTIMATOR_OF: dict[str, str] = {"ppo": "gae"}
+"""The advantage estimator of an algorithm whose name is not an estimator's: PPO's critic-based
+advantages (and the critic's targets) are GAE's. Every other algorithm is its estimator's name."""
 
 
 @dataclass
@@ -158,6 +164,11 @@ class Trainer:
             raise ValueError("kl_coef > 0 needs a reference model: pass ref_model (e.g. load_reference_model(path)).")
         if config.algorithm == "ppo" and value_model is None:
             raise ValueError("algorithm 'ppo' needs a value model: pass value_model=ValueModel(path).")
+        if config.algorithm != "ppo" and value_model is not None:
+            raise ValueError(
+                f"algorithm {config.algorithm!r} has no critic, so a value model would have no targets: "
+                "drop value_model, or use algorithm 'ppo'."
+            )
         self.model = model
         self.config = config
         self.pad_token_id = pad_token_id
@@ -185,13 +196,13 @@ class Trainer:
         batch = collate(trajectories, self.pad_token_id).to(self.device)
         reuse = config.epochs > 1 or config.mini_batches > 1
         with torch.no_grad():
-            if reuse:
-                batch.extras["old_logprobs"] = self._logprobs(self.model, batch)
-            if self.ref_model is not None:
-                batch.extras["ref_logprobs"] = self._logprobs(self.ref_model, batch)
-            if self.value_model is not None:
-                batch.extras["values"] = self._values(batch)
-        self._add_advantages(batch)
+            batch = replace(
+                batch,
+                old_logprobs=self._logprobs(self.model, batch) if reuse else None,
+                ref_logprobs=self._logprobs(self.ref_model, batch) if self.ref_model is not None else None,
+                values=self._values(batch) if self.value_model is not None else None,
+            )
+        batch = self._with_advantages(batch)
 
         totals: dict[str, float] = {}
         for _ in range(config.epochs):
@@ -251,11 +262,12 @@ class Trainer:
             group_index=self._groups(micro),
             temperature=config.temperature or 1.0,
         )
-        old = micro.extras.get("old_logprobs", current.logprobs.detach())
+        assert micro.advantages is not None  # step() estimates them before any update
+        old = micro.old_logprobs if micro.old_logprobs is not None else current.logprobs.detach()
         per_token, stats = policy_loss(
             current.logprobs,
             old,
-            micro.extras["advantages"],
+            micro.advantages,
             mask,
             clip_low=config.clip_low,
             clip_high=config.clip_high,
@@ -268,14 +280,15 @@ class Trainer:
         entropy = total(current.entropy)
         loss = policy - config.entropy_coef * entropy if config.entropy_coef else policy
         parts: dict[str, Any] = {"train/policy_loss": policy.detach(), "train/entropy": entropy.detach()}
-        if self.ref_model is not None:
-            kl = total(kl_estimate(current.logprobs, micro.extras["ref_logprobs"], config.kl_estimator))
+        if micro.ref_logprobs is not None:  # there is a reference model
+            kl = total(kl_estimate(current.logprobs, micro.ref_logprobs, config.kl_estimator))
             if not config.kl_in_reward:
                 loss = loss + config.kl_coef * kl
             parts["train/kl"] = kl.detach()
         if self.value_model is not None:
+            assert micro.values is not None and micro.returns is not None  # step() sets both for PPO
             values = self.value_model(micro.input_ids, micro.attention_mask)
-            critic = total(value_loss(values, micro.extras["values"], micro.extras["returns"], mask, clip=config.value_clip))
+            critic = total(value_loss(values, micro.values, micro.returns, mask, clip=config.value_clip))
             loss = loss + critic
             parts["train/value_loss"] = critic.detach()
         share = mask.sum() / num_tokens  # weights per-micro-batch stats into mini-batch means
@@ -314,22 +327,27 @@ class Trainer:
         parts = [self.value_model(m.input_ids, m.attention_mask) for m in batch.split(self.config.micro_batch_size)]
         return torch.cat(parts) * batch.loss_mask
 
-    def _add_advantages(self, batch: Batch) -> None:
+    def _with_advantages(self, batch: Batch) -> Batch:
+        """The batch with its advantages (and, for PPO, the critic's returns) attached; with
+        ``kl_in_reward`` its rewards carry the KL penalty first."""
         config = self.config
-        if config.kl_in_reward and self.ref_model is not None:
-            behaviour = batch.extras.get("old_logprobs", batch.behaviour_logprobs)
-            kl = kl_estimate(behaviour, batch.extras["ref_logprobs"], config.kl_estimator) * batch.loss_mask
-            batch.token_rewards = kl_penalty_rewards(batch.token_rewards, kl, config.kl_coef)
-            batch.rewards = batch.rewards - config.kl_coef * kl.sum(-1)  # what sequence-level estimators read
-        if config.algorithm == "ppo":
-            result = gae(batch.token_rewards, batch.extras["values"], batch.loss_mask, gamma=config.gamma, lam=config.lam)
-            batch.extras["returns"] = result.returns
-            advantages = masked_whiten(result.advantages, batch.loss_mask)
-        else:
-            advantages = estimate_advantages(
-                config.algorithm, batch, gamma=config.gamma, lam=config.lam, scale=config.scale_rewards
+        if config.kl_in_reward and batch.ref_logprobs is not None:
+            behaviour = batch.old_logprobs if batch.old_logprobs is not None else batch.behaviour_logprobs
+            kl = kl_estimate(behaviour, batch.ref_logprobs, config.kl_estimator) * batch.loss_mask
+            batch = replace(
+                batch,
+                token_rewards=kl_penalty_rewards(batch.token_rewards, kl, config.kl_coef),
+                rewards=batch.rewards - config.kl_coef * kl.sum(-1),  # what sequence-level estimators read
             )
-        batch.extras["advantages"] = advantages * batch.loss_mask
+        estimated = estimate_advantages(
+            ESTIMATOR_OF.get(config.algorithm, config.algorithm),
+            batch,
+            batch.values,
+            gamma=config.gamma,
+            lam=config.lam,
+            scale=config.scale_rewards,
+        )
+        return replace(batch, advantages=estimated.advantages, returns=estimated.returns)
 
     def _finish_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
         """Sum gradients over data-parallel processes, then clip; returns the norm before clipping."""
@@ -412,7 +430,8 @@ def _is_fsdp(model: nn.Module) -> bool:
 
 def _batch_metrics(batch: Batch) -> dict[str, float]:
     mask = batch.loss_mask
-    advantages = batch.extras["advantages"]
+    advantages = batch.advantages
+    assert advantages is not None  # estimated at the start of every step
     versions = batch.versions[batch.versions >= 0]
     return {
         "train/reward_mean": float(batch.rewards.mean()),

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentrl.policy import Generation, Sampling
+from agentrl.policies.base import Generation, Sampling
 
 
 class HFRequests(NamedTuple):
@@ -46,7 +46,7 @@ class _Request:
 
 
 class HFPolicy:
-    """A transformers causal LM as a :class:`~agentrl.policy.Policy`.
+    """A transformers causal LM as a :class:`~agentrl.policies.Policy`.
 
     >>> policy = HFPolicy("path/to/checkpoint")  # doctest: +SKIP
     >>> await policy.generate(prompt_ids, Sampling(max_tokens=32))  # doctest: +SKIP
@@ -110,6 +110,10 @@ class HFPolicy:
                 raise ValueError(f"update_weights got tensors the model does not have: {unexpected[:5]}")
             self._version += 1
         return self._version
+
+    async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """:meth:`update_weights` in a thread: it waits for the running batch."""
+        return await asyncio.to_thread(self.update_weights, named_tensors)
 
     def close(self) -> None:
         if self._worker is not None and not self._worker.done():

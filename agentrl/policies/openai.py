@@ -40,7 +40,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.policy import Generation, Sampling
+from agentrl.policies.base import Generation, Sampling
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 _RETRY_STATUS = frozenset({502, 503, 504})  # a proxy in front, or a server still starting
@@ -48,7 +48,7 @@ _TOKEN_ID_PREFIX = "token_id:"  # how ``return_tokens_as_token_ids`` spells a to
 
 
 class OpenAIPolicy:
-    """A model served by an OpenAI-compatible server, as a :class:`~agentrl.policy.Policy`.
+    """A model served by an OpenAI-compatible server, as a :class:`~agentrl.policies.Policy`.
 
     ``model`` is the name the server serves the model under (``--served-model-name``, else the path
     or hub id it was started with); by default the one model the server serves. The tokenizer,
@@ -139,6 +139,10 @@ class OpenAIPolicy:
             "it cannot change; it is for evaluation. Train with the vllm (or hf) backend, or restart the "
             "server on a saved checkpoint to evaluate it."
         )
+
+    async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """Always raises, as :meth:`update_weights` does."""
+        return self.update_weights(named_tensors)
 
     def close(self) -> None:
         """Close the connections and stop the background loop; safe to call twice."""

@@ -15,7 +15,8 @@ Weight updates go to the worker through a worker extension (:mod:`agentrl.polici
 the trainer's whole ``state_dict()`` is written once as a safetensors file in shared memory
 (``/dev/shm``), the worker maps it and loads it in place with vLLM's ``reload_weights``, and the
 prefix cache is reset (its entries were computed with the old weights). A file beats sending the
-tensors through the engine's RPC pipe: 3.5 s against 11 s for SmolLM2-135M here. Requests running
+tensors through the engine's RPC pipe, which serialises them and copies them between processes
+(figures in ``benchmarks/README.md``; a run logs its own as ``perf/time_sync``). Requests running
 during an update finish on the new weights; their tokens keep the version they started with (the
 next version begins with the next request).
 """
@@ -34,13 +35,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.policy import Generation, Sampling
+from agentrl.policies.base import Generation, Sampling
 
 _CPU_KV_CACHE_GIB = "2"
 
 
 class VLLMPolicy:
-    """A model served by an in-process vLLM ``AsyncLLM`` engine, as a :class:`~agentrl.policy.Policy`.
+    """A model served by an in-process vLLM ``AsyncLLM`` engine, as a :class:`~agentrl.policies.Policy`.
 
     >>> policy = VLLMPolicy("path/to/checkpoint", max_model_len=2048)  # doctest: +SKIP
     >>> generation = await policy.generate(prompt_ids, Sampling(max_tokens=64))  # doctest: +SKIP

@@ -20,7 +20,7 @@ class WeightSync:
 
         Every tensor must be there, the tied ``lm_head.weight`` included: vLLM's reload
         re-materialises the head from what it is given, and leaving it out silently keeps a stale
-        head (a log-prob mismatch of a nat or more, measured here).
+        head (log-probs then off by a nat or more).
         """
         from safetensors.torch import load_file
 

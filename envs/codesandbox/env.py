@@ -27,11 +27,13 @@ compared here, in the env's process (:mod:`.grading` explains the protocol). So 
 writes files, kills processes, prints fake results or edits anything in the agent's sandbox gains
 nothing: only values it computes for the hidden inputs count.
 
-Sandboxes come from pools shared by every env of the process (:mod:`.pool`), made lazily, up to
-``pool_size`` for agents and as many for grading: an env takes one at ``reset`` and gives it back,
-reset, when the episode ends or the env closes (or is garbage-collected); a new ``reset`` in the
-middle of an episode resets the sandbox held and keeps it. Give ``pool_size`` at least the number of
-episodes run at once, or resets wait for a free sandbox.
+Sandboxes come from the pools that every env of the process shares
+(:func:`agentrl.sandboxes.shared_pool`, one per backend, image and limits, and per role), made on
+demand, up to ``pool_size`` for agents and as many for grading: an env takes one at ``reset`` (a
+:class:`~agentrl.sandboxes.Lease`) and gives it back when the episode ends or the env closes (or is
+garbage-collected); the pool resets it in the background before anyone else gets it. A new ``reset``
+in the middle of an episode resets the sandbox held and keeps it. Give ``pool_size`` at least the
+number of episodes run at once, or resets wait for a free sandbox.
 
 The final step's ``info`` holds ``success``, ``tests_passed``, ``tests_total``, ``problem``,
 ``difficulty`` and ``ended_by`` (``submit`` or ``reply``); every step's holds ``problem``.
@@ -44,16 +46,17 @@ import weakref
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
-from agentrl.agents.tool_formats import format_tool_calls
 from agentrl.env import Action, AgentEnv, Feedback, Observation, StepResult
 from agentrl.envs._split import Split, check_split
 from agentrl.envs.codesandbox.grading import SOLUTION_FILE, Grade, grade_source
-from agentrl.envs.codesandbox.pool import BACKENDS, Backend, Lease, SandboxSpec
 from agentrl.envs.codesandbox.problem import DIFFICULTIES, Difficulty, Problem
 from agentrl.envs.codesandbox.problems import get_problem, problems_of
 from agentrl.registry import register
 from agentrl.sandboxes.base import ExecResult, Sandbox, SandboxLimits
-from agentrl.threads import ENV_THREADS
+from agentrl.sandboxes.make import BACKENDS, Backend, SandboxSpec
+from agentrl.sandboxes.pool import Lease, shared_pool
+from agentrl.suggest import did_you_mean
+from agentrl.tool_calls import format_tool_calls
 from agentrl.tools import ToolResult
 from agentrl.types import Message, ToolCall
 
@@ -98,7 +101,8 @@ class CodeSandboxEnv(AgentEnv):
         if difficulty is not None and difficulty not in DIFFICULTIES:
             raise ValueError(f"difficulty must be one of {DIFFICULTIES} or None, got {difficulty!r}.")
         if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
+            hint = did_you_mean(backend, BACKENDS)
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}. {hint}".rstrip())
         if pool_size < 1:
             raise ValueError(f"pool_size must be at least 1, got {pool_size}.")
         for name, value in (("run_timeout", run_timeout), ("grade_timeout", grade_timeout)):
@@ -111,9 +115,7 @@ class CodeSandboxEnv(AgentEnv):
         self.grade_timeout = float(grade_timeout)
         # Tools get their own limit above the sandbox's, so a slow command reports its own timeout.
         self.tool_timeout = max(self.run_timeout, self.grade_timeout) + 30.0
-        spec = SandboxSpec(backend, image, _limits(limits))
-        self._agent = Lease(spec, pool_size, "agent")
-        self._graders = Lease(spec, pool_size, "grader")
+        self._agent = Lease(SandboxSpec(backend, image, _limits(limits)), pool_size, "agent")
         # An env dropped without close() still gives its sandbox back.
         weakref.finalize(self, self._agent.release)
         self.problem: Problem = self.problems[0]
@@ -204,6 +206,11 @@ class CodeSandboxEnv(AgentEnv):
         info = {"problem": self.problem.name, **self._grade_info("reply")}
         return Feedback([Message("user", text)], float(self.grade.success), True, info)
 
+    # The sandbox goes back when the episode ends or fails. Giving it back returns at once (the pool
+    # resets it on its own thread), so astep does it on the loop. A call cancelled mid-way (an episode
+    # timeout) may hold the sandbox on its thread for up to run_timeout more: _on_sandbox tainted the
+    # lease, so the pool closes that sandbox instead of lending it again.
+
     def step(self, action: Action) -> StepResult:
         try:
             result = super().step(action)
@@ -217,16 +224,11 @@ class CodeSandboxEnv(AgentEnv):
     async def astep(self, action: Action) -> StepResult:
         try:
             result = await super().astep(action)
-        except asyncio.CancelledError:
-            # Cancelled mid-call (an episode timeout): the call's thread may hold the sandbox for
-            # up to run_timeout more, so it goes back (tainted: closed, not reused) in the background.
-            ENV_THREADS.submit(self._agent.release)
-            raise
         except BaseException:
-            await ENV_THREADS.run(self._agent.release)
+            self._agent.release()
             raise
         if result.terminated or result.truncated:
-            await ENV_THREADS.run(self._agent.release)  # a reset can take a moment: off the loop
+            self._agent.release()
         return result
 
     def close(self) -> None:
@@ -258,11 +260,10 @@ class CodeSandboxEnv(AgentEnv):
             return Grade(0, total, error=f"There is no {SOLUTION_FILE} in your work directory.")
         except IsADirectoryError:
             return Grade(0, total, error=f"{SOLUTION_FILE} is a directory, not a file.")
-        grader = self._graders.renew()
-        try:
+        # A grader of its own pool: lent only once reset, given back (and reset again) after.
+        graders = shared_pool(self._agent.spec, self._agent.size, "grader")
+        with graders.sandbox() as grader:
             return grade_source(grader, self.problem, source, self.grade_timeout)
-        finally:
-            self._graders.release()
 
     def _grade_info(self, ended_by: str) -> dict[str, Any]:
         assert self.grade is not None

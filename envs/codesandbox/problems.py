@@ -8,7 +8,6 @@ depends on the order of this list or on a seed.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Sequence
 
 from agentrl.envs._split import Split, split_of
@@ -20,6 +19,7 @@ from agentrl.envs.codesandbox import (
     problems_strings,
 )
 from agentrl.envs.codesandbox.problem import Difficulty, Problem
+from agentrl.suggest import did_you_mean
 
 PROBLEMS: tuple[Problem, ...] = (
     *problems_strings.PROBLEMS,
@@ -51,7 +51,6 @@ def get_problem(name: str, choices: Sequence[Problem] = PROBLEMS) -> Problem:
         if p.name == name:
             return p
     names = [p.name for p in choices]
-    close = difflib.get_close_matches(name, names, n=3)
-    hint = f" Did you mean {', '.join(map(repr, close))}?" if close else f" Known problems: {', '.join(names)}."
+    hint = did_you_mean(name, names) or f"Known problems: {', '.join(names)}."
     where = "" if len(choices) == len(PROBLEMS) else " in this split"
-    raise ValueError(f"Unknown problem {name!r}{where}.{hint}")
+    raise ValueError(f"Unknown problem {name!r}{where}. {hint}")

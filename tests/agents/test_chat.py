@@ -9,6 +9,7 @@ import sys
 import pytest
 
 import agentrl.agents.chat
+import agentrl.agents.trajectory
 from agentrl import AgentEnv, Feedback, Message, ToolCall, Trajectory, read_jsonl, tool, write_jsonl
 from agentrl.agents import ChatAgent, ChatTemplateError, TrajectoryBuilder
 from agentrl.testing import build_tiny_tokenizer
@@ -402,9 +403,10 @@ def test_a_tokenizer_without_a_chat_template_is_refused():
 
 
 def test_importing_the_agent_layer_does_not_import_transformers():
-    code = "import sys, agentrl.agents.chat; assert 'transformers' not in sys.modules, 'transformers imported'"
+    code = "import sys, agentrl.agents; assert 'transformers' not in sys.modules, 'transformers imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_docstring_examples():
     assert doctest.testmod(agentrl.agents.chat).failed == 0
+    assert doctest.testmod(agentrl.agents.trajectory).failed == 0

@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from agentrl.agents.tool_formats import format_tool_calls
 from agentrl.envs._arithmetic import format_number
 from agentrl.envs.calculator import TEMPLATES, CalculatorEnv, calculate, parse_answer
+from agentrl.tool_calls import format_tool_calls
 from agentrl.types import ToolCall
 
 

@@ -19,19 +19,22 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
 import agentrl
-from agentrl.agents.tool_formats import format_tool_calls
 from agentrl.envs._split import split_of
 from agentrl.envs.codesandbox import PROBLEMS, CodeSandboxEnv, close_pools, get_problem, grade_many, problems_of
-from agentrl.envs.codesandbox import pool as pool_module
 from agentrl.envs.codesandbox.grading import judge, matches
 from agentrl.envs.codesandbox.problem import Raises
+from agentrl.sandboxes import DEFAULT_IMAGE, SandboxPool, SandboxSpec, docker_available
+from agentrl.sandboxes import pool as pool_module
 from agentrl.sandboxes.base import ExecResult, SandboxError, SandboxLimits, resolve_in_workdir
+from agentrl.sandboxes.docker import OWNER_LABEL, docker_client, owner_label
+from agentrl.sandboxes.local import bubblewrap_problem
+from agentrl.tool_calls import format_tool_calls
 from agentrl.types import ToolCall
 
 
@@ -183,13 +186,23 @@ class DirSandbox:
 def dir_sandboxes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Make every pool of this test hand out DirSandbox instances."""
     close_pools()
-    monkeypatch.setattr(pool_module.SandboxSpec, "make", lambda self: DirSandbox())
+    monkeypatch.setattr(SandboxSpec, "make", lambda self: DirSandbox())
     yield
     close_pools()
 
 
-def pools() -> dict[str, pool_module.SharedPool]:
-    return {role: p for (_, role), p in pool_module._pools.items()}
+def pools() -> dict[str, SandboxPool]:
+    return {role: p for (_, role), p in pool_module.shared_pools().items()}
+
+
+def eventually(condition: Callable[[], bool], seconds: float = 10.0) -> bool:
+    """Whether ``condition`` holds within ``seconds`` (the pools reset sandboxes on their own threads)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def test_scripted_episode_wins_with_the_reference_and_loses_with_the_wrong_one(dir_sandboxes: None) -> None:
@@ -272,7 +285,7 @@ def test_reset_mid_episode_keeps_and_cleans_the_sandbox_and_close_returns_it(dir
     assert env._agent.sandbox is held and not os.listdir(held.workdir)  # type: ignore[union-attr]
     assert pools()["agent"].in_use == 1
     env.close()
-    assert pools()["agent"].in_use == 0 and pools()["agent"].idle == 1
+    assert pools()["agent"].in_use == 0 and eventually(lambda: pools()["agent"].idle == 1)  # reset in the background
     env.close()  # twice is fine
 
 
@@ -370,9 +383,6 @@ def test_env_kwargs_are_checked() -> None:
 
 def backend_missing(backend: str) -> str | None:
     """Why ``backend`` cannot run here, or None when it can."""
-    from agentrl.sandboxes import DEFAULT_IMAGE, docker_available
-    from agentrl.sandboxes.local import bubblewrap_problem
-
     if backend == "local":
         return bubblewrap_problem()
     if not docker_available():
@@ -408,8 +418,6 @@ def leftovers() -> dict[str, int]:
     """Sandboxes of this process still alive: Docker containers with its owner label, bwrap children."""
     counts = {"containers": 0, "bwrap": 0}
     if backend_missing("docker") is None:
-        from agentrl.sandboxes.docker import OWNER_LABEL, docker_client, owner_label
-
         found = docker_client().containers.list(all=True, filters={"label": f"{OWNER_LABEL}={owner_label()}"})
         counts["containers"] = len(found)
     me = str(os.getpid())
@@ -425,7 +433,7 @@ def leftovers() -> dict[str, int]:
 
 
 def test_every_reference_passes_its_hidden_tests_and_every_wrong_solution_fails(backend: str) -> None:
-    sandbox = pool_module.SandboxSpec(backend).make()  # type: ignore[arg-type]
+    sandbox = SandboxSpec(backend).make()  # type: ignore[arg-type]
     try:
         started = time.perf_counter()
         references = grade_many(sandbox, [(p, p.reference) for p in PROBLEMS], timeout=120, case_timeout=2)

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 import agentrl
-from agentrl.agents.tool_formats import parse_reply
 from agentrl.envs._arithmetic import evaluate
 from agentrl.envs._split import split_of
 from agentrl.envs.tool_arithmetic import SHAPES, ToolArithmeticEnv, answer, calculate, call_text
+from agentrl.tool_calls import parse_reply
 from agentrl.types import Message
 
 ENV_ID = "agentrl/ToolArithmetic-v0"

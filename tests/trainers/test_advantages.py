@@ -185,29 +185,41 @@ BATCH = collate([trajectory("a", 1.0), trajectory("a", 0.0), trajectory("b", 2.0
 def test_estimate_advantages_names_every_estimator():
     assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gae"}
     # Group a [1, 0]: deviations +-0.5, unbiased std sqrt(0.5) = 0.7071068 -> +-0.7071068.
-    grpo = estimate_advantages("grpo", BATCH)
+    grpo = estimate_advantages("grpo", BATCH).advantages
     assert close(grpo[:, 1], [0.7071061, -0.7071061, 0.0, 0.0]) and torch.equal(grpo[:, 1], grpo[:, 3])
     assert grpo[:, 0].abs().sum() == 0 and grpo[:, 2].abs().sum() == 0
-    assert close(estimate_advantages("dr_grpo", BATCH)[:, 3], [0.5, -0.5, 0.0, 0.0])
-    assert close(estimate_advantages("grpo", BATCH, scale="none")[:, 3], [0.5, -0.5, 0.0, 0.0])
+    assert close(estimate_advantages("dr_grpo", BATCH).advantages[:, 3], [0.5, -0.5, 0.0, 0.0])
+    assert close(estimate_advantages("grpo", BATCH, scale="none").advantages[:, 3], [0.5, -0.5, 0.0, 0.0])
     # RLOO: 1 - 0 = 1 and 0 - 1 = -1.
-    assert close(estimate_advantages("rloo", BATCH)[:, 3], [1.0, -1.0, 0.0, 0.0])
+    assert close(estimate_advantages("rloo", BATCH).advantages[:, 3], [1.0, -1.0, 0.0, 0.0])
     # REINFORCE++ gamma 1: returns 1, 1, 0, 0, 2, 2, 2, 2 on the 8 generated tokens (mean 1.25,
     # population var 0.6875): (1 - 1.25) / 0.8291562 = -0.3015113, ...
-    reinforce = estimate_advantages("reinforce_pp", BATCH)
+    reinforce = estimate_advantages("reinforce_pp", BATCH).advantages
     assert close(reinforce[:, 1], [-0.3015113, -1.5075567, 0.9045340, 0.9045340])
     assert torch.equal(reinforce[:, 1], reinforce[:, 3])
+
+
+def test_only_the_critic_based_estimator_returns_returns():
+    assert all(estimate_advantages(name, BATCH).returns is None for name in ("grpo", "dr_grpo", "rloo", "reinforce_pp"))
+    # Values 0.5 on generated tokens, gamma 1, lambda 1: the returns are the rewards to go (1, 1 in
+    # row 0; 0, 0 in row 1; 2, 2 in rows 2 and 3) whatever the values, and 0 off generated tokens.
+    values = torch.full((4, 4), 0.5) * BATCH.loss_mask
+    returns = estimate_advantages("gae", BATCH, values, lam=1.0).returns
+    assert returns is not None
+    assert returns.tolist() == [[0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 2.0], [0.0, 2.0, 0.0, 2.0]]
 
 
 def test_estimate_advantages_gae_whitens_by_default_and_reads_overridden_rewards():
     values = torch.zeros(4, 4)
     raw = estimate_advantages("gae", BATCH, values, lam=1.0, whiten=False)
-    # Zero values, gamma 1, lambda 1: advantages are the returns to go.
-    assert raw[:, 1].tolist() == [1.0, 0.0, 2.0, 2.0]
+    # Zero values, gamma 1, lambda 1: advantages are the returns to go, and so are the returns.
+    assert raw.advantages[:, 1].tolist() == [1.0, 0.0, 2.0, 2.0]
+    assert raw.returns is not None and torch.equal(raw.returns, raw.advantages)
     whitened = estimate_advantages("gae", BATCH, values, lam=1.0)
-    assert close(whitened[:, 1], [-0.3015113, -1.5075567, 0.9045340, 0.9045340])
+    assert close(whitened.advantages[:, 1], [-0.3015113, -1.5075567, 0.9045340, 0.9045340])
+    assert torch.equal(whitened.returns, raw.returns)  # the critic's targets are never whitened
     doubled = estimate_advantages("gae", BATCH, values, lam=1.0, whiten=False, token_rewards=2 * BATCH.token_rewards)
-    assert doubled[:, 1].tolist() == [2.0, 0.0, 4.0, 4.0]
+    assert doubled.advantages[:, 1].tolist() == [2.0, 0.0, 4.0, 4.0]
 
 
 def test_estimate_advantages_errors_say_what_to_do():

@@ -101,9 +101,9 @@ def test_collate_errors_say_what_is_wrong():
         collate([one_turn()], PAD, pad_to_multiple_of=0)
 
 
-def test_select_and_split_keep_length_group_numbering_and_extras():
+def test_select_and_split_keep_length_group_numbering_and_the_trainers_fields():
     batch = collate([one_turn("a", 1.0), two_turns(), one_turn("a", 0.0)], PAD)
-    batch.extras["advantages"] = torch.arange(18, dtype=torch.float32).reshape(3, 6)
+    batch.advantages = torch.arange(18, dtype=torch.float32).reshape(3, 6)
 
     picked = batch.select([2, 0])
     assert isinstance(picked, Batch)
@@ -111,13 +111,14 @@ def test_select_and_split_keep_length_group_numbering_and_extras():
     assert picked.group_index.tolist() == [0, 0]
     assert picked.group_ids == ("a", "g0")
     assert picked.input_ids.shape == (2, 6)
-    assert picked.extras["advantages"][:, 0].tolist() == [12.0, 0.0]
-    assert "advantages" in batch.extras  # the source batch is untouched
+    assert picked.advantages is not None and picked.advantages[:, 0].tolist() == [12.0, 0.0]
+    assert picked.returns is None  # a field the trainer did not set stays unset
+    assert batch.advantages.shape == (3, 6)  # the source batch is untouched
 
     parts = batch.split(2)
     assert [len(p) for p in parts] == [2, 1]
     assert parts[1].group_index.tolist() == [0]
-    assert parts[1].extras["advantages"][0, 0].item() == 12.0
+    assert parts[1].advantages is not None and parts[1].advantages[0, 0].item() == 12.0
     assert sum(p.num_tokens for p in parts) == batch.num_tokens
     assert torch.equal(torch.cat([p.input_ids for p in parts]), batch.input_ids)
 
@@ -129,10 +130,10 @@ def test_select_and_split_keep_length_group_numbering_and_extras():
 
 def test_to_moves_every_tensor_and_keeps_the_values():
     batch = collate([two_turns()], PAD)
-    batch.extras["values"] = torch.ones(1, 6)
+    batch.values = torch.ones(1, 6)
     moved = batch.to("meta")
     assert moved.input_ids.device.type == "meta"
-    assert moved.extras["values"].device.type == "meta"
+    assert moved.values is not None and moved.values.device.type == "meta"
     assert moved.group_ids == batch.group_ids
     assert torch.equal(batch.to("cpu").input_ids, batch.input_ids)
 

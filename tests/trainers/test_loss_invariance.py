@@ -18,9 +18,10 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from agentrl.testing import token_logprobs
 from agentrl.trainers.advantages import estimate_advantages
 from agentrl.trainers.batch import Batch, collate
-from agentrl.trainers.losses import aggregate, kl_estimate, policy_loss, token_logprobs
+from agentrl.trainers.losses import aggregate, kl_estimate, policy_loss
 from agentrl.types import Trajectory
 
 torch.set_num_threads(1)
@@ -107,7 +108,7 @@ def assert_same(grads_a: list[torch.Tensor], grads_b: list[torch.Tensor], atol: 
 @pytest.mark.parametrize("mode", MODES)
 def test_ppo_at_the_first_epoch_is_a2c(mode):
     model, batch = tiny_llama(), batch_of_eight()
-    advantages = estimate_advantages("grpo", batch).double()
+    advantages = estimate_advantages("grpo", batch).advantages.double()
     mask = batch.loss_mask
 
     logprobs = logprobs_of(model, batch)
@@ -126,13 +127,13 @@ def accumulation_loss(model: nn.Module, batch: Batch, mode: str, **counts: float
     logprobs = logprobs_of(model, batch)
     per_token, _ = policy_loss(
         logprobs,
-        batch.extras["old_logprobs"],
-        batch.extras["advantages"],
+        batch.old_logprobs,
+        batch.advantages,
         batch.loss_mask,
         behaviour_logprobs=batch.behaviour_logprobs.double(),
         correction="tis",
     )
-    kl = kl_estimate(logprobs, batch.extras["ref_logprobs"])
+    kl = kl_estimate(logprobs, batch.ref_logprobs)
     return aggregate(per_token, batch.loss_mask, mode, **counts) + 0.1 * aggregate(kl, batch.loss_mask, mode, **counts)
 
 
@@ -143,9 +144,9 @@ def test_eight_micro_batches_of_one_accumulate_to_the_batch_of_eight(mode):
     with torch.no_grad():
         current = logprobs_of(model, batch)
     # Old log-probs 0.3 nats away from the current ones on average: the clip is active on some tokens.
-    batch.extras["old_logprobs"] = current + 0.3 * torch.randn(current.shape, generator=generator, dtype=torch.float64)
-    batch.extras["ref_logprobs"] = current + 0.1 * torch.randn(current.shape, generator=generator, dtype=torch.float64)
-    batch.extras["advantages"] = estimate_advantages("grpo", batch).double()
+    batch.old_logprobs = current + 0.3 * torch.randn(current.shape, generator=generator, dtype=torch.float64)
+    batch.ref_logprobs = current + 0.1 * torch.randn(current.shape, generator=generator, dtype=torch.float64)
+    batch.advantages = estimate_advantages("grpo", batch).advantages.double()
 
     whole_loss = accumulation_loss(model, batch, mode)
     whole = gradients(model, whole_loss)
@@ -215,7 +216,7 @@ def observation_run(
         with_observation(length, 0.9, "b", seed=4),
     ]
     batch = collate(trajectories, PAD)
-    advantages = estimate_advantages(estimator, batch, gamma=0.9).double()
+    advantages = estimate_advantages(estimator, batch, gamma=0.9).advantages.double()
     logits = model(batch.input_ids)
     logprobs = token_logprobs(logits, batch.input_ids)
     # Old log-probs fixed per generated token, so the ratio (and the clip) is the same in every run.

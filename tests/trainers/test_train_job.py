@@ -3,6 +3,7 @@ async; the trained weights reach vLLM exactly; the exported model loads; kill -9
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,8 +18,11 @@ import torch
 
 from agentrl.config import load_config
 from agentrl.metrics import read_metrics
+from agentrl.policies import Sampling
 from agentrl.rollout import group_name
 from agentrl.train import TrainConfig, train
+from agentrl.trainers import Trainer, TrainerConfig, generated_logprobs, load_policy_model
+from agentrl.types import Trajectory
 
 HERE = Path(__file__).parent
 
@@ -50,7 +54,7 @@ def _config(model_dir, run_dir, *overrides: str) -> TrainConfig:
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
     """One vLLM engine on the tiny model for the module (train() resets its weights each run)."""
-    from agentrl.policies.vllm import VLLMPolicy
+    from agentrl.policies.vllm import VLLMPolicy  # vllm is imported only when these slow tests run
 
     policy = VLLMPolicy(tiny_model_dir, max_model_len=256)
     yield policy
@@ -90,13 +94,6 @@ def test_training_on_vllm_learns(engine, tiny_model_dir, tmp_path, staleness):
 @pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_vllm_serves_exactly_the_trained_weights(engine, tiny_model_dir, tmp_path, temperature):
-    import asyncio
-
-    from agentrl.policy import Sampling
-    from agentrl.trainers import Trainer, TrainerConfig, load_policy_model
-    from agentrl.trainers.models import generated_logprobs
-    from agentrl.types import Trajectory
-
     model = load_policy_model(tiny_model_dir)
     trainer = Trainer(model, TrainerConfig(lr=1e-2, micro_batch_size=8, temperature=temperature), pad_token_id=0)
     engine.update_weights(trainer.inference_weights())

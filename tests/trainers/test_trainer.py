@@ -13,12 +13,20 @@ import torch.multiprocessing as mp
 
 import agentrl
 from agentrl.agents.chat import ChatAgent
+from agentrl.policies import Sampling
 from agentrl.policies.hf import HFPolicy
-from agentrl.policy import Sampling
 from agentrl.rollout import RolloutEngine
-from agentrl.trainers import Trainer, TrainerConfig, ValueModel, collate, generated_logprobs, load_policy_model
-from agentrl.trainers.losses import token_logprobs
-from agentrl.trainers.models import inference_state_dict
+from agentrl.testing import token_entropy, token_logprobs
+from agentrl.trainers import (
+    ADVANTAGE_ESTIMATORS,
+    Trainer,
+    TrainerConfig,
+    ValueModel,
+    collate,
+    generated_logprobs,
+    load_policy_model,
+)
+from agentrl.trainers.models import inference_state_dict, load_reference_model
 
 
 def _play(model_dir, temperature: float = 1.0) -> list:
@@ -60,13 +68,15 @@ def test_generated_logprobs_equal_a_full_forward_pass(tiny_model_dir, trajectori
     model = load_policy_model(tiny_model_dir)
     batch = collate(trajectories, pad_token_id=0)
     with torch.no_grad():
-        fast = generated_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask).logprobs
+        fast = generated_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask)
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         full = token_logprobs(logits, batch.input_ids) * batch.loss_mask
     assert batch.num_tokens > 0
-    torch.testing.assert_close(fast, full, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast.logprobs, full, atol=1e-5, rtol=0)
+    # the entropy the trainer logs (and the bonus it may add) is that of the full distribution too
+    torch.testing.assert_close(fast.entropy, token_entropy(logits) * batch.loss_mask, atol=1e-5, rtol=0)
     # and they are the behaviour log-probs the hf backend recorded (same weights, fp32)
-    torch.testing.assert_close(fast, batch.behaviour_logprobs, atol=1e-4, rtol=0)
+    torch.testing.assert_close(fast.logprobs, batch.behaviour_logprobs, atol=1e-4, rtol=0)
 
 
 def test_the_trainer_scores_the_distribution_the_rollouts_sampled_from(tiny_model_dir):
@@ -79,12 +89,14 @@ def test_the_trainer_scores_the_distribution_the_rollouts_sampled_from(tiny_mode
     with torch.no_grad():
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
         full = token_logprobs(logits, batch.input_ids, temperature=0.7) * batch.loss_mask
+        entropy = token_entropy(logits, temperature=0.7) * batch.loss_mask
         for group_index in (None, groups):
             tempered = generated_logprobs(
                 model, batch.input_ids, batch.attention_mask, batch.loss_mask, group_index=group_index, temperature=0.7
-            ).logprobs
-            torch.testing.assert_close(tempered, full, atol=1e-5, rtol=0)
-            torch.testing.assert_close(tempered, batch.behaviour_logprobs, atol=1e-4, rtol=0)
+            )
+            torch.testing.assert_close(tempered.logprobs, full, atol=1e-5, rtol=0)
+            torch.testing.assert_close(tempered.entropy, entropy, atol=1e-5, rtol=0)
+            torch.testing.assert_close(tempered.logprobs, batch.behaviour_logprobs, atol=1e-4, rtol=0)
         raw = generated_logprobs(model, batch.input_ids, batch.attention_mask, batch.loss_mask).logprobs
     assert float((raw - batch.behaviour_logprobs).abs().max()) > 1e-2
     # the step reports the gap: about 0 when told the temperature, plain to see when not
@@ -125,20 +137,49 @@ def test_several_epochs_and_mini_batches_recompute_old_logprobs(tiny_model_dir, 
     assert trainer.scheduler.last_epoch == 4  # one scheduler step per optimizer step
 
 
-def test_ppo_trains_policy_and_critic(tiny_model_dir, trajectories):
+def test_ppo_trains_policy_and_critic(tiny_model_dir, trajectories, monkeypatch):
     trainer = _trainer(tiny_model_dir, algorithm="ppo", value_lr=1e-3)
     assert trainer.value_model is not None
+    # PPO's advantages and the critic's targets come from the estimator table's "gae", like every
+    # other algorithm's from its own estimator.
+    calls = []
+    gae = ADVANTAGE_ESTIMATORS["gae"]
+
+    def spy(batch, values, **options):
+        calls.append(values)
+        return gae(batch, values, **options)
+
+    monkeypatch.setitem(ADVANTAGE_ESTIMATORS, "gae", spy)
     head_before = trainer.value_model.head.weight.clone()
     first = trainer.step(trajectories)["train/value_loss"]
+    assert len(calls) == 1 and calls[0] is not None and len(calls[0]) == len(trajectories)  # the critic's values
     for _ in range(4):
         last = trainer.step(trajectories)["train/value_loss"]
     assert not torch.equal(head_before, trainer.value_model.head.weight)
     assert last < first  # the critic fits the returns it is shown again
 
 
-def test_kl_to_the_reference_is_zero_at_the_start(tiny_model_dir, trajectories):
-    from agentrl.trainers.models import load_reference_model
+def test_the_value_model_reads_the_state_before_each_token(tiny_model_dir):
+    critic = ValueModel(tiny_model_dir)
+    torch.nn.init.normal_(critic.head.weight, generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    changed = ids.clone()
+    changed[0, 3] = 42
+    with torch.no_grad():
+        values, other = critic(ids, torch.ones_like(ids)), critic(changed, torch.ones_like(ids))
+    # values[:, t] is the state in which token t is generated: nothing at t = 0, and a change at
+    # position 3 shows only from t = 4 on
+    assert values[0, 0] == 0.0 and values[0, 1:].abs().min() > 0
+    assert torch.equal(values[0, :4], other[0, :4]) and values[0, 4] != other[0, 4]
 
+
+def test_a_value_model_goes_only_with_ppo(tiny_model_dir):
+    critic = ValueModel(tiny_model_dir)
+    with pytest.raises(ValueError, match="has no critic"):
+        Trainer(load_policy_model(tiny_model_dir), TrainerConfig(), pad_token_id=0, value_model=critic)
+
+
+def test_kl_to_the_reference_is_zero_at_the_start(tiny_model_dir, trajectories):
     config = TrainerConfig(lr=1e-2, micro_batch_size=16, kl_coef=0.1)
     trainer = Trainer(load_policy_model(tiny_model_dir), config, pad_token_id=0, ref_model=load_reference_model(tiny_model_dir))
     assert trainer.step(trajectories)["train/kl"] == pytest.approx(0.0, abs=1e-6)

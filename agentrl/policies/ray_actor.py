@@ -1,15 +1,15 @@
 """A policy served from a Ray actor (:class:`PolicyActor`), and its caller's side (:class:`RemotePolicy`).
 
 :class:`PolicyActor` hosts any backend (``hf``, ``vllm``, ``scripted``, or a factory of your own, see
-:func:`build_policy`) and serves many requests at once from its event loop; the backend batches
-them. :class:`RemotePolicy` is an ordinary :class:`~agentrl.policy.Policy` that awaits the actor, so
+:func:`~agentrl.policies.make_policy`) and serves many requests at once from its event loop; the backend batches
+them. :class:`RemotePolicy` is an ordinary :class:`~agentrl.policies.Policy` that awaits the actor, so
 anything that takes a policy (a rollout engine in an env worker, the trainer's weight sync) takes a
 remote one unchanged. A generation its caller gives up on is cancelled on the actor with
 ``ray.cancel``; the engine then stops the request (vLLM aborts it, ``hf`` stops its row). The env
-workers and the controller that use these are in :mod:`agentrl.distributed`.
+workers and the controller that use these are in :mod:`agentrl.rollout.ray`.
 
 >>> actor = PolicyActor.options(num_gpus=1).remote("vllm", "path/to/checkpoint")  # doctest: +SKIP
->>> policy = RemotePolicy(actor)                                                  # doctest: +SKIP
+>>> policy = RemotePolicy(actor, tokenizer)                                       # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from typing import Any, NamedTuple, cast
 try:
     import ray
 except ImportError as e:  # an optional dependency: say which extra brings it
-    raise ImportError("agentrl.policy_actor needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0.") from e
+    raise ImportError("agentrl.policies.ray_actor needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0.") from e
 from ray.actor import ActorHandle
 
-from agentrl.policy import Generation, Policy, Sampling
+from agentrl.policies.base import Generation, Policy, Sampling
+from agentrl.policies.make import make_policy
 
 
 class WorkerLocation(NamedTuple):
@@ -43,51 +44,6 @@ def current_location() -> WorkerLocation:
     return WorkerLocation(ray.get_runtime_context().get_node_id(), os.getpid())
 
 
-def build_policy(
-    backend: str | Callable[[], Policy], model: str | Path | None = None, options: Mapping[str, Any] | None = None
-) -> Policy:
-    """The policy named by ``backend`` serving ``model``, built with keyword ``options``.
-
-    ``backend`` is ``hf`` (:class:`~agentrl.policies.hf.HFPolicy`), ``vllm``
-    (:class:`~agentrl.policies.vllm.VLLMPolicy`), ``scripted`` (:class:`~agentrl.testing.ScriptedPolicy`
-    with ``model``'s tokenizer, for tests of the machinery), or a picklable zero-argument callable
-    that returns a policy (then ``model`` and ``options`` must be left out).
-    """
-    if callable(backend):
-        if model is not None or options:
-            raise ValueError("build_policy: a callable backend takes no model or options; bind them into it.")
-        return backend()
-    if backend not in _BACKENDS:
-        raise ValueError(f"Unknown backend {backend!r}; expected one of {sorted(_BACKENDS)} or a callable.")
-    if model is None:
-        raise ValueError(f"The {backend!r} backend needs a model (a checkpoint directory or a hub id).")
-    return _BACKENDS[backend](str(model), **dict(options or {}))
-
-
-def _hf(model: str, **options: Any) -> Policy:
-    from agentrl.policies.hf import HFPolicy
-
-    return HFPolicy(model, **options)
-
-
-def _vllm(model: str, **options: Any) -> Policy:
-    from agentrl.policies.vllm import VLLMPolicy
-
-    return VLLMPolicy(model, **options)
-
-
-def _scripted(model: str, **options: Any) -> Policy:
-    from transformers import AutoTokenizer
-
-    from agentrl.testing import ScriptedPolicy
-
-    tokenizer: Any = AutoTokenizer.from_pretrained(model)
-    return ScriptedPolicy(tokenizer, **options)
-
-
-_BACKENDS: dict[str, Callable[..., Policy]] = {"hf": _hf, "vllm": _vllm, "scripted": _scripted}
-
-
 class PolicyRequests(NamedTuple):
     """A :class:`PolicyActor`'s generation requests so far."""
 
@@ -99,7 +55,7 @@ class PolicyRequests(NamedTuple):
 
 @ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
 class PolicyActor:
-    """One policy (any backend, see :func:`build_policy`) served from a Ray actor.
+    """One policy (any backend, see :func:`~agentrl.policies.make_policy`) served from a Ray actor.
 
     The methods are async, so Ray runs many requests at once on the actor's event loop (up to its
     ``max_concurrency``, 1000 by default) and the backend batches them. Pass Ray options as usual,
@@ -112,11 +68,11 @@ class PolicyActor:
         model: str | Path | None = None,
         options: Mapping[str, Any] | None = None,
     ):
-        self.policy = build_policy(backend, model, options)
+        self.policy = make_policy(backend, model, options)
         self._received = self._cancelled = self._in_flight = 0
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
-        """:meth:`Policy.generate <agentrl.policy.Policy.generate>` on the hosted policy.
+        """:meth:`Policy.generate <agentrl.policies.Policy.generate>` on the hosted policy.
 
         ``ray.cancel`` on this call (what :class:`RemotePolicy` does when its episode gives up)
         cancels the backend's generation, which aborts the request in the engine (vLLM's
@@ -138,12 +94,8 @@ class PolicyActor:
 
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
         """Load new weights into the hosted policy; return its new version."""
-        update = getattr(self.policy, "aupdate_weights", None)
-        if update is not None:
-            return int(await update(named_tensors))
-        # A blocking update (hf's waits for the running batch) goes to a thread so that requests
-        # keep arriving meanwhile.
-        return await asyncio.to_thread(self.policy.update_weights, named_tensors)
+        # Awaited, so that requests keep arriving meanwhile (hf's update runs in a thread).
+        return int(await self.policy.aupdate_weights(named_tensors))
 
     async def version(self) -> int:
         """The hosted policy's version."""
@@ -158,16 +110,27 @@ class PolicyActor:
         self.policy.close()
 
 
-class RemotePolicy:
-    """A :class:`~agentrl.policy.Policy` whose engine is a :class:`PolicyActor`, for the caller's side.
+def start_policy_actor(
+    backend: str | Callable[[], Policy], model: str | Path | None = None, options: Mapping[str, Any] | None = None
+) -> ActorHandle:
+    """Start a :class:`PolicyActor` (the one way agentrl starts one), on a GPU when the backend is
+    ``vllm`` and the cluster has one; the caller owns it (``ray.kill`` it when done)."""
+    gpus = 1 if backend == "vllm" and ray.cluster_resources().get("GPU", 0) >= 1 else 0
+    return PolicyActor.options(num_gpus=gpus).remote(backend, model, options)  # type: ignore[attr-defined]
 
-    Anything that takes a policy takes this one, which is how an :class:`EnvWorker` runs the local
-    engine unchanged. ``version`` is the newest version this side has seen, from a generation or an
-    update made through it; the actor's own is ``await actor.version.remote()``.
+
+class RemotePolicy:
+    """A :class:`~agentrl.policies.Policy` whose engine is a :class:`PolicyActor`, for the caller's side.
+
+    Anything that takes a policy takes this one, which is how an :class:`~agentrl.rollout.ray.EnvWorker` runs the local
+    engine unchanged. ``tokenizer`` is the served model's (loaded on this side: tokenizers do not
+    travel through Ray). ``version`` is the newest version this side has seen, from a generation or
+    an update made through it; the actor's own is ``await actor.version.remote()``.
     """
 
-    def __init__(self, actor: ActorHandle):
+    def __init__(self, actor: ActorHandle, tokenizer: Any):
         self.actor = actor
+        self.tokenizer = tokenizer
         self._version = 0
 
     @property

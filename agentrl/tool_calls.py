@@ -1,5 +1,9 @@
 """Tool-call formats: how a completion's text becomes an assistant :class:`Message` with tool calls.
 
+Part of the env contract: an env declares its ``tool_format``, and :class:`~agentrl.env.AgentEnv`
+parses a raw reply with :func:`parse_reply`; the agent layer (:class:`~agentrl.agents.ChatAgent`)
+parses completions with the same function, so both read a reply alike.
+
 Two formats are understood:
 
 - ``hermes`` (Hermes, Qwen 2/2.5/3, SmolLM2 and most ChatML models)::

@@ -1,11 +1,12 @@
 """Env workers and inference engines as Ray actors, running the same code as a local rollout.
 
-Ray is a placement decision, not a second implementation. An :class:`EnvWorker` actor holds its own
-envs and :class:`~agentrl.agents.chat.ChatAgent` s and plays a slice of the groups with the same
-engine a local rollout uses: :class:`~agentrl.rollout.RolloutEngine` for a single-agent env,
-:class:`~agentrl.multiagent.MultiAgentRolloutEngine` for a multi-agent one. Each policy is a
-:class:`~agentrl.policy_actor.RemotePolicy`, an ordinary :class:`~agentrl.policy.Policy` that awaits a
-:class:`~agentrl.policy_actor.PolicyActor`, which hosts any backend (``hf``, ``vllm``, or a factory
+Ray is a placement decision, not a second implementation. An :class:`EnvWorker` actor builds the
+same engine a local rollout uses, with the same builder (:func:`agentrl.build.build_engine`):
+:class:`~agentrl.rollout.RolloutEngine` for a single-agent env,
+:class:`~agentrl.rollout.MultiAgentRolloutEngine` for a multi-agent one, and plays a slice of the
+groups with it. Each policy is a :class:`~agentrl.policies.ray_actor.RemotePolicy`, an ordinary
+:class:`~agentrl.policies.Policy` that awaits a
+:class:`~agentrl.policies.ray_actor.PolicyActor`, which hosts any backend (``hf``, ``vllm``, or a factory
 of your own) and serves many requests at once; a multi-agent env maps its agents to policy ids
 (``mapping``), one actor per policy id.
 :class:`DistributedRollout` is the controller: it spreads the groups over the workers and merges what
@@ -18,7 +19,7 @@ controller awaits as soon as it exists, so episodes arrive in completion order, 
 and whole. There is no queue actor and no polling; the controller only moves references.
 
 A generation an episode gives up on (its turn or episode time limit passed) is cancelled on the
-actor too: :class:`~agentrl.policy_actor.RemotePolicy` calls ``ray.cancel`` on it, which cancels
+actor too: :class:`~agentrl.policies.ray_actor.RemotePolicy` calls ``ray.cancel`` on it, which cancels
 the backend's coroutine, and the actor serves the next requests as before. vLLM then aborts the
 request; the ``hf`` backend drops it from its queue, or stops its row of the running batch.
 
@@ -38,7 +39,7 @@ unplayed groups are recorded as ``WorkerDied`` failures too, so a crash that rep
 kills its process) ends the run instead of looping. Ray never restarts these actors itself
 (``max_restarts=0``, ``max_task_retries=0``): a retried stream would replay episodes that were
 already delivered, and a restarted policy engine would come back with its initial weights while the
-trainer believes it holds the latest. A dead :class:`~agentrl.policy_actor.PolicyActor` fails the
+trainer believes it holds the latest. A dead :class:`~agentrl.policies.ray_actor.PolicyActor` fails the
 episodes that wait on it (``ActorDiedError``, counted like any failed generation); start a new
 one. Any other exception from a worker is a bug, not a fault, and is raised to the caller.
 
@@ -55,43 +56,31 @@ a path or hub id that must load on every node that runs a worker.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
-import math
 import time
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import Any, NamedTuple, cast
 
 try:
     import ray
 except ImportError as e:  # an optional dependency: say which extra brings it
-    raise ImportError("agentrl.distributed needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0.") from e
+    raise ImportError("agentrl.rollout.ray needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0.") from e
 from ray.actor import ActorHandle
 from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-import agentrl
-from agentrl.agents.chat import ChatAgent
-from agentrl.buffer import TrajectoryBuffer
-from agentrl.env import AgentEnv
-from agentrl.multiagent import (
-    MappingPreset,
-    MultiAgentEnv,
-    MultiAgentRolloutEngine,
-    make_multiagent,
-    multiagent_ids,
-    policy_mapping,
-)
-from agentrl.policy import Policy, Sampling
-from agentrl.policy_actor import PolicyActor, RemotePolicy, WorkerLocation, current_location
-from agentrl.rollout import EpisodeLimits, GroupScheduler, RolloutEngine, RolloutStats, add_episode, group_name
-from agentrl.types import Trajectory, write_jsonl
-
-if TYPE_CHECKING:
-    from agentrl.run import RolloutConfig
+from agentrl.build import Engine, build_engine, load_tokenizer
+from agentrl.mapping import MappingPreset, policy_mapping
+from agentrl.policies import Sampling
+from agentrl.policies.ray_actor import RemotePolicy, WorkerLocation, current_location
+from agentrl.registry import is_multiagent
+from agentrl.rollout.buffer import TrajectoryBuffer
+from agentrl.rollout.episode import EpisodeLimits
+from agentrl.rollout.scheduler import GroupFeed, flatten, group_name
+from agentrl.rollout.stats import RolloutStats, add_episode
+from agentrl.types import Trajectory
 
 # What a worker's death looks like from the controller: the actor is gone, or a trajectory it
 # had finished was lost with its node before it was read.
@@ -102,7 +91,7 @@ _DEATHS = (RayActorError, ObjectLostError)
 
 
 Policies = ActorHandle | Mapping[str, ActorHandle]
-"""One :class:`~agentrl.policy_actor.PolicyActor` (serving policy id ``policy_id``), or one per policy id."""
+"""One :class:`~agentrl.policies.ray_actor.PolicyActor` (serving policy id ``policy_id``), or one per policy id."""
 Tokenizers = str | Path | Mapping[str, str | Path]
 """One tokenizer (a path or hub id) for every policy, or one per policy id."""
 
@@ -111,14 +100,11 @@ Tokenizers = str | Path | Mapping[str, str | Path]
 class EnvWorker:
     """A rollout engine in a Ray actor, playing the groups it is given.
 
-    For a single-agent env (``agentrl.make``) the engine is a :class:`~agentrl.rollout.RolloutEngine`;
-    for a multi-agent one (registered with :func:`~agentrl.multiagent.register_multiagent`) a
-    :class:`~agentrl.multiagent.MultiAgentRolloutEngine`, each agent's generations going to the
-    actor of its policy id under ``mapping``. Everything else is built here from plain values: the
-    envs from ``env_id`` and ``env_kwargs``, each agent's :class:`~agentrl.agents.chat.ChatAgent`
-    from the tokenizer of its policy and the env's tools, and each policy as a
-    :class:`~agentrl.policy_actor.RemotePolicy` on its actor. The other arguments are the engines'
-    own; ``concurrency`` bounds the episodes of one :meth:`run` call.
+    The engine is :func:`agentrl.build.build_engine`'s, built here from plain values: each policy
+    as a :class:`~agentrl.policies.ray_actor.RemotePolicy` on its actor, with the tokenizer of its
+    policy id (loaded here, once per path). A multi-agent env's agents go to the actor of the
+    policy id ``mapping`` gives them. The other arguments are the builder's; ``concurrency`` bounds
+    the episodes of one :meth:`run` call.
     """
 
     def __init__(
@@ -138,66 +124,23 @@ class EnvWorker:
         policy_id: str = "default",
         mapping: MappingPreset | str | Callable[[str], str] = "all",
     ):
-        kwargs = dict(env_kwargs or {})
         actors = dict(policy) if isinstance(policy, Mapping) else {policy_id: policy}
         tokenizers = _Tokenizers(tokenizer)
-        schedule = dict(group_size=group_size, redundancy=redundancy, concurrency=concurrency, seed=seed)
-        self.engine: GroupScheduler[Any]
-        if env_id in multiagent_ids():
-
-            def make_multi() -> MultiAgentEnv:
-                return make_multiagent(env_id, **kwargs)
-
-            agent_policy = policy_mapping(mapping)
-            probe = make_multi()
-            try:
-                agents = {
-                    agent_id: ChatAgent(
-                        tokenizers.of(agent_policy(agent_id)),
-                        getattr(probe.action_space(agent_id), "tools", ()),
-                        system_prompt=system_prompt,
-                    )
-                    for agent_id in probe.possible_agents
-                }
-            finally:
-                probe.close()
-            self.engine = MultiAgentRolloutEngine(
-                make_multi,
-                agents,
-                {pid: RemotePolicy(actor) for pid, actor in actors.items()},
-                agent_policy,
-                env_id=env_id,
-                sampling=sampling,
-                limits=limits,
-                **schedule,  # type: ignore[arg-type]
-            )
-            self._roster = dict(self.engine.roster)
-            return
-        if policy_id not in actors:
-            raise ValueError(
-                f"{env_id!r} is played by policy {policy_id!r}, but the actors given are for {sorted(actors)}; "
-                f"pass policy={{{policy_id!r}: actor}} or policy_id=..."
-            )
-
-        def make_env() -> AgentEnv:
-            return cast(AgentEnv, agentrl.make(env_id, **kwargs))
-
-        probe_env = make_env()
-        try:
-            agent = ChatAgent.from_env(tokenizers.of(policy_id), probe_env, system_prompt=system_prompt)
-        finally:
-            probe_env.close()
-        self.engine = RolloutEngine(
-            make_env,
-            agent,
-            RemotePolicy(actors[policy_id]),
-            env_id=env_id,
+        self.engine: Engine = build_engine(
+            env_id,
+            {pid: RemotePolicy(actor, tokenizers.of(pid)) for pid, actor in actors.items()},
+            mapping=mapping,
+            env_kwargs=env_kwargs,
+            system_prompt=system_prompt,
             sampling=sampling,
             limits=limits,
+            group_size=group_size,
+            redundancy=redundancy,
+            concurrency=concurrency,
+            seed=seed,
             policy_id=policy_id,
-            **schedule,  # type: ignore[arg-type]
         )
-        self._roster = {"agent": policy_id}
+        self._roster = dict(getattr(self.engine, "roster", {"agent": policy_id}))
 
     async def run(self, first_group: int, num_groups: int) -> AsyncIterator[list[Trajectory]]:
         """Play groups ``first_group`` to ``first_group + num_groups - 1``; yield each episode's
@@ -228,8 +171,6 @@ class _Tokenizers:
         self.loaded: dict[str, Any] = {}
 
     def of(self, policy_id: str) -> Any:
-        from transformers import AutoTokenizer
-
         if isinstance(self.paths, str):
             path = self.paths
         elif policy_id in self.paths:
@@ -237,7 +178,7 @@ class _Tokenizers:
         else:
             raise ValueError(f"No tokenizer for policy {policy_id!r}; tokenizer has {sorted(self.paths)}.")
         if path not in self.loaded:
-            self.loaded[path] = AutoTokenizer.from_pretrained(path)
+            self.loaded[path] = load_tokenizer(path)
         return self.loaded[path]
 
 
@@ -295,7 +236,7 @@ class DistributedRollout:
     docstring for what happens when a worker dies.
 
     A multi-agent ``env_id`` plays as :class:`~agentrl.multiagent.MultiAgentRolloutEngine` does:
-    ``policy`` maps each policy id of ``mapping`` to its :class:`~agentrl.policy_actor.PolicyActor`
+    ``policy`` maps each policy id of ``mapping`` to its :class:`~agentrl.policies.ray_actor.PolicyActor`
     (and ``tokenizer`` may map policy ids to their tokenizers), and every episode yields one
     trajectory per agent.
     """
@@ -364,7 +305,7 @@ class DistributedRollout:
         """Workers that died and were replaced."""
         self.roster: dict[str, str] = {}
         """``{agent_id: policy_id}`` of every episode's agents (``{"agent": policy_id}`` for one agent)."""
-        self.multiagent = env_id in multiagent_ids()
+        self.multiagent = is_multiagent(env_id)
         self._next_group = 0
         self._seconds = 0.0
         try:
@@ -397,7 +338,7 @@ class DistributedRollout:
         per_group = self.episodes_per_group
         index = {group_name(self.env_id, self.seed, g): g for g in range(first, first + num_groups)}
         arrived: Counter[int] = Counter()
-        group_ids: dict[int, set[str]] = {}
+        feed = GroupFeed(buffer, per_group)
         events: asyncio.Queue[tuple[_Unit, Any]] = asyncio.Queue()
         units: list[_Unit] = []
         pumps: list[asyncio.Task[None]] = []
@@ -431,13 +372,7 @@ class DistributedRollout:
                     arrived[group] += 1
                     remaining -= 1
                     self._count(episode, self._seconds + time.perf_counter() - started)
-                    if buffer is not None:
-                        for trajectory in episode:
-                            buffer.put(trajectory)
-                            group_ids.setdefault(group, set()).add(trajectory.group_id)
-                        if arrived[group] == per_group:
-                            for group_id in sorted(group_ids.pop(group, ())):
-                                buffer.close_group(group_id)
+                    feed.add(group, episode)
                     yield episode
         finally:
             self._seconds += time.perf_counter() - started
@@ -448,16 +383,13 @@ class DistributedRollout:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
 
-    async def stream(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> AsyncIterator[Trajectory]:
+    def stream(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> AsyncIterator[Trajectory]:
         """Play ``num_groups`` groups; yield each trajectory as it arrives (and put it in ``buffer``).
 
         Exactly ``num_groups * (group_size + redundancy)`` episodes' trajectories come out, one per
         agent of the roster each, whatever dies.
         """
-        async with contextlib.aclosing(self.stream_episodes(num_groups, buffer)) as episodes:
-            async for episode in episodes:
-                for trajectory in episode:
-                    yield trajectory
+        return flatten(self.stream_episodes(num_groups, buffer))
 
     async def collect(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> list[Trajectory]:
         """Play ``num_groups`` groups and return all their trajectories in completion order."""
@@ -631,61 +563,3 @@ def distributed_rollout(
         trajectories = asyncio.run(rollout.collect(num_groups))
         workers = rollout.workers + rollout.retired
     return DistributedResult(trajectories, rollout.stats, workers)
-
-
-# --- agentrl rollout with ray_address ---------------------------------------------------------------
-
-
-def rollout_on_ray(
-    config: RolloutConfig,
-    policy: ActorHandle | Policy | None = None,
-    on_trajectory: Callable[[Trajectory, RolloutStats], None] | None = None,
-) -> tuple[list[Trajectory], RolloutStats]:
-    """:func:`agentrl.run.rollout` on the Ray cluster at ``config.ray_address``: one env worker per
-    node, sharing ``config.concurrency`` between them, and a :class:`~agentrl.policy_actor.PolicyActor` built by
-    :func:`~agentrl.run.make_policy` from the same config (or ``policy``, a running one)."""
-    from agentrl.models import resolve_model
-    from agentrl.run import collect, limits_of, make_policy, sampling_of
-
-    if policy is not None and not isinstance(policy, ActorHandle):
-        raise ValueError(
-            f"rollout with ray_address={config.ray_address!r} got a {type(policy).__name__}, which lives in "
-            "this process; pass a PolicyActor handle, or no policy to start one from the config."
-        )
-    actor: ActorHandle | None = policy
-    own_ray = not ray.is_initialized()
-    if own_ray:
-        ray.init(address=config.ray_address)
-    own_policy = actor is None
-    try:
-        # Resolved once, here: the checkpoint path must then be readable on every node.
-        model = resolve_model(config.model)
-        if actor is None:
-            gpus = 1 if config.backend == "vllm" and ray.cluster_resources().get("GPU", 0) >= 1 else 0
-            factory = functools.partial(make_policy, replace(config, model=model, ray_address=None))
-            actor = PolicyActor.options(num_gpus=gpus).remote(factory)  # type: ignore[attr-defined]
-        num_workers = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
-        with DistributedRollout(
-            actor,
-            config.env_id,
-            model,
-            num_workers=num_workers,
-            env_kwargs={"split": config.split},
-            system_prompt=config.system_prompt,
-            sampling=sampling_of(config),
-            limits=limits_of(config),
-            group_size=config.group_size,
-            redundancy=config.redundancy,
-            concurrency=math.ceil(config.concurrency / num_workers),
-            seed=config.seed,
-        ) as rollout:
-            trajectories = asyncio.run(collect(rollout, config.episodes // config.group_size, on_trajectory))
-    finally:
-        if own_policy and actor is not None:
-            ray.kill(actor)
-        if own_ray:
-            ray.shutdown()
-    if config.out:
-        Path(config.out).parent.mkdir(parents=True, exist_ok=True)
-        write_jsonl(config.out, trajectories)
-    return trajectories, rollout.stats

@@ -1,15 +1,17 @@
-"""Unit tests for agentrl.agents.tool_formats: reading tool calls out of completions, and writing them."""
+"""Unit tests for agentrl.tool_calls: reading tool calls out of completions, and writing them."""
 
+import doctest
 import json
 import math
 import re
 import time
 
 import pytest
-from agentrl.agents.tool_formats import TOOL_FORMATS, format_tool_calls, parse_reply
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import agentrl.tool_calls
+from agentrl.tool_calls import TOOL_FORMATS, format_tool_calls, parse_reply
 from agentrl.types import Message, ToolCall
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
@@ -258,3 +260,7 @@ def test_format_tool_calls_round_trips_through_parse_reply(calls, format):
         expected = [(valid(c.name), valid(c.arguments), None) for c in calls]
         assert [(c.name, c.arguments, c.error) for c in reply.tool_calls] == expected
         assert [c.id for c in reply.tool_calls] == [f"call_{i}" for i in range(len(calls))]
+
+
+def test_docstring_examples():
+    assert doctest.testmod(agentrl.tool_calls).failed == 0

@@ -16,6 +16,7 @@ import asyncio
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 
+from agentrl.rollout.stats import failure_cause
 from agentrl.types import Trajectory
 
 
@@ -75,7 +76,7 @@ class TrajectoryBuffer:
             return
         if trajectory.error is not None:
             self.stats.failed += 1
-            cause = trajectory.error.split(":")[0].split()[0] if trajectory.error.strip() else "error"
+            cause = failure_cause(trajectory.error)
             self.stats.failure_causes[cause] = self.stats.failure_causes.get(cause, 0) + 1
             return
         group = self._pending[group_id]

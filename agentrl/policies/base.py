@@ -57,7 +57,15 @@ class Generation(NamedTuple):
 
 @runtime_checkable
 class Policy(Protocol):
-    """An inference backend serving one policy."""
+    """An inference backend serving one policy.
+
+    Everything a caller of a policy uses is declared here: the rollout engine reads ``tokenizer``
+    (the agent renders prompts with it) and awaits ``generate``; the trainer's controller awaits
+    ``aupdate_weights`` so that episodes go on while the weights load.
+    """
+
+    tokenizer: Any
+    """The tokenizer of the served model (a transformers tokenizer): prompts are its token ids."""
 
     @property
     def version(self) -> int:
@@ -70,6 +78,11 @@ class Policy(Protocol):
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """Load new weights (every tensor of the trainer's ``state_dict()``); return the new version."""
+        ...
+
+    async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """:meth:`update_weights` without blocking the caller's event loop (a blocking backend runs
+        it in a thread)."""
         ...
 
     def close(self) -> None:

@@ -1,0 +1,202 @@
+"""The set-up chain, written once: config -> policy -> agent -> engine.
+
+Every entry point builds through here: ``agentrl rollout`` / ``eval`` (:mod:`agentrl.run`),
+``agentrl train`` (:mod:`agentrl.train`), the Ray env workers (:mod:`agentrl.rollout.ray`) and a
+script of your own (``examples/grpo_tool_arithmetic.py``)::
+
+    policy = make_policy(config)                                     # the one backend table
+    engine = build_engine(config.env_id, policy, **engine_settings(config), env_kwargs={"split": "train"})
+    trajectories = asyncio.run(engine.collect(num_groups=8))
+
+:func:`build_engine` takes plain values (:func:`engine_settings` turns an
+:class:`~agentrl.config.EngineConfig` into them), so callers that are not driven by a config (a
+Ray worker, a test, a notebook) build the same engine. For a single-agent env it makes a
+:class:`~agentrl.rollout.RolloutEngine`; for a multi-agent id a
+:class:`~agentrl.rollout.MultiAgentRolloutEngine`, each agent's chat agent rendering with the
+tokenizer of the policy it maps to.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gymnasium.envs.registration import load_env_creator
+from transformers import AutoTokenizer
+
+from agentrl.agents.chat import ChatAgent
+from agentrl.config import EngineConfig
+from agentrl.env import AgentEnv, as_agent_env
+from agentrl.mapping import MappingPreset, policy_mapping
+from agentrl.model_paths import DEFAULT_MODEL, resolve_model
+from agentrl.policies import Policy, Sampling
+from agentrl.policies import make_policy as make_backend
+from agentrl.registry import MultiAgentEnv, is_multiagent, make, make_multiagent, spec
+from agentrl.rollout import EpisodeLimits, MultiAgentRolloutEngine, RolloutEngine, close_quietly
+
+Engine = RolloutEngine | MultiAgentRolloutEngine
+
+
+def policy_options(config: EngineConfig) -> dict[str, Any]:
+    """The keyword options ``config`` gives its backend (see :data:`agentrl.policies.BACKENDS`)."""
+    if config.backend == "hf":
+        return {"dtype": config.dtype}
+    if config.backend == "vllm":
+        return {
+            "dtype": config.dtype,
+            "max_model_len": config.max_length,
+            "seed": config.seed,
+            "gpu_memory_utilization": config.gpu_memory_utilization,
+        }
+    return {"base_url": config.base_url, "model": config.served_model_name}
+
+
+def model_path(config: EngineConfig) -> str | None:
+    """Where ``config.model`` loads from (``default`` converted on first use). ``None`` for an
+    OpenAI server with the default model: the server says where its tokenizer is."""
+    if config.backend == "openai" and config.model == DEFAULT_MODEL:
+        return None
+    return resolve_model(config.model)
+
+
+def make_policy(config: EngineConfig) -> Policy:
+    """The inference backend ``config.backend`` serving ``config.model``, in this process."""
+    return make_backend(config.backend, model_path(config), policy_options(config))
+
+
+def load_tokenizer(model: str) -> Any:
+    """The tokenizer of ``model`` (a name :func:`~agentrl.model_paths.resolve_model` knows)."""
+    return AutoTokenizer.from_pretrained(resolve_model(model))
+
+
+def sampling_of(config: EngineConfig, *, temperature: float | None = None) -> Sampling:
+    """The sampling settings ``config`` asks for (``temperature`` overrides its own)."""
+    return Sampling(
+        max_tokens=config.max_tokens,
+        temperature=config.temperature if temperature is None else temperature,
+        top_p=config.top_p,
+        seed=config.seed,
+    )
+
+
+def limits_of(config: EngineConfig) -> EpisodeLimits:
+    """The episode limits ``config`` asks for."""
+    return EpisodeLimits(
+        max_turns=config.max_turns,
+        max_length=config.max_length,
+        turn_timeout=config.turn_timeout,
+        episode_timeout=config.episode_timeout,
+    )
+
+
+def engine_settings(config: EngineConfig) -> dict[str, Any]:
+    """The plain keyword arguments of :func:`build_engine` that ``config`` sets."""
+    return {
+        "system_prompt": config.system_prompt,
+        "sampling": sampling_of(config),
+        "limits": limits_of(config),
+        "group_size": config.group_size,
+        "redundancy": config.redundancy,
+        "concurrency": config.concurrency,
+        "seed": config.seed,
+    }
+
+
+def env_factory(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Callable[[], AgentEnv]:
+    """A function making a fresh single-agent env of ``env_id`` each call (a gymnasium-style env
+    comes wrapped as an :class:`~agentrl.env.AgentEnv`, see :func:`~agentrl.env.as_agent_env`).
+
+    ``split`` is the one argument the rollout passes on its own (``train`` to train, ``test`` to
+    evaluate); an env whose constructor does not take it is made without it, with a warning that
+    training and evaluation then draw from the same tasks.
+    """
+    kwargs = dict(env_kwargs or {})
+    if "split" in kwargs and not _takes(env_id, "split"):
+        warnings.warn(
+            f"{env_id!r} takes no split argument, so training and evaluation draw from the same tasks; "
+            "give its constructor a split parameter ('train' / 'test') for held-out evaluation.",
+            stacklevel=2,
+        )
+        del kwargs["split"]
+    return lambda: as_agent_env(make(env_id, **kwargs))  # adapted here too: the probe env is read before the engine
+
+
+def _takes(env_id: str, name: str) -> bool:
+    """Does the constructor of ``env_id`` take a keyword argument ``name``?"""
+    env_spec = spec(env_id)
+    if name in env_spec.kwargs:
+        return True
+    entry_point = env_spec.entry_point
+    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    try:
+        parameters = inspect.signature(creator).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: assume it does, and let it say otherwise
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
+def build_engine(
+    env_id: str,
+    policies: Policy | Mapping[str, Policy],
+    *,
+    mapping: MappingPreset | str | Callable[[str], str] = "all",
+    env_kwargs: Mapping[str, Any] | None = None,
+    system_prompt: str | None = None,
+    sampling: Sampling = Sampling(),
+    limits: EpisodeLimits = EpisodeLimits(),
+    group_size: int = 1,
+    redundancy: int = 0,
+    concurrency: int = 64,
+    seed: int = 0,
+    policy_id: str = "default",
+) -> Engine:
+    """The rollout engine of ``env_id``: agents from the policies' tokenizers and the env's tools.
+
+    ``policies`` is one policy (serving ``policy_id``) or ``{policy_id: policy}``. A multi-agent env
+    maps its agents to policy ids with ``mapping``; a single-agent env is played by ``policy_id``.
+    One env is made here to read its tools (and its agents).
+    """
+    by_id = dict(policies) if isinstance(policies, Mapping) else {policy_id: policies}
+    schedule: dict[str, Any] = dict(
+        env_id=env_id, sampling=sampling, limits=limits, group_size=group_size, redundancy=redundancy,
+        concurrency=concurrency, seed=seed,
+    )  # fmt: skip
+    kwargs = dict(env_kwargs or {})
+    if is_multiagent(env_id):
+
+        def make_env() -> MultiAgentEnv:
+            return make_multiagent(env_id, **kwargs)
+
+        agent_policy = policy_mapping(mapping)
+        probe = make_env()
+        try:
+            agents = {
+                agent_id: ChatAgent(
+                    _policy(by_id, agent_policy(agent_id), env_id).tokenizer,
+                    getattr(probe.action_space(agent_id), "tools", ()),
+                    system_prompt=system_prompt,
+                )
+                for agent_id in probe.possible_agents
+            }
+        finally:
+            probe.close()
+        return MultiAgentRolloutEngine(make_env, agents, by_id, agent_policy, **schedule)
+    policy = _policy(by_id, policy_id, env_id)
+    make_env = env_factory(env_id, kwargs)
+    probe_env = make_env()
+    try:
+        agent = ChatAgent.from_env(policy.tokenizer, probe_env, system_prompt=system_prompt)
+    finally:
+        close_quietly(probe_env)
+    return RolloutEngine(make_env, agent, policy, policy_id=policy_id, **schedule)
+
+
+def _policy(policies: Mapping[str, Policy], policy_id: str, env_id: str) -> Policy:
+    if policy_id not in policies:
+        raise ValueError(
+            f"{env_id!r} is played by policy {policy_id!r}, but the policies given are for {sorted(policies)}; "
+            f"pass {{{policy_id!r}: policy}}, or change the mapping (or policy_id)."
+        )
+    return policies[policy_id]

@@ -1,0 +1,75 @@
+"""The staleness window on its own: the formula, queries that change nothing, resume."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.rollout import StalenessWindow
+
+
+def test_capacity_is_one_batch_plus_one_per_staleness_step():
+    assert StalenessWindow(groups_per_step=4, max_staleness=0).capacity == 4
+    assert StalenessWindow(groups_per_step=4, max_staleness=2).capacity == 12
+
+
+def test_synchronous_window_opens_only_after_a_batch_is_trained():
+    window = StalenessWindow(groups_per_step=2, max_staleness=0)
+    window.start(2)
+    assert window.room() == 0
+    window.trained(1)  # half a batch trained is not a batch: one more group may start, no more
+    assert window.room() == 1
+    window.trained(1)
+    assert window.room() == 2 and window.in_flight == 0
+
+
+def test_room_is_a_query():
+    window = StalenessWindow(groups_per_step=3, max_staleness=1, started=5, trained_groups=1, lost=1)
+    before = (window.started, window.trained_groups, window.lost)
+    assert [window.room() for _ in range(3)] == [3, 3, 3]
+    assert (window.started, window.trained_groups, window.lost) == before
+
+
+def test_lost_groups_free_their_places():
+    window = StalenessWindow(groups_per_step=2, max_staleness=1)
+    window.start(4)
+    window.set_lost(1)
+    assert window.room() == 1
+    window.set_lost(1)  # the buffer's total, not an increment: saying it twice changes nothing
+    assert window.room() == 1
+    with pytest.raises(ValueError, match="cannot decrease"):
+        window.set_lost(0)
+
+
+def test_starting_more_than_the_room_is_refused():
+    window = StalenessWindow(groups_per_step=2, max_staleness=0)
+    with pytest.raises(ValueError, match="starting 3 groups with room for 2"):
+        window.start(3)
+
+
+def test_a_resumed_window_counts_the_buffered_groups_as_in_flight():
+    window = StalenessWindow(groups_per_step=2, max_staleness=1, started=3)
+    assert window.in_flight == 3 and window.room() == 1
+
+
+@pytest.mark.parametrize("groups_per_step, max_staleness", [(0, 0), (2, -1)])
+def test_bad_settings_say_what_was_expected(groups_per_step, max_staleness):
+    with pytest.raises(ValueError, match="must be"):
+        StalenessWindow(groups_per_step, max_staleness)
+
+
+def test_in_flight_never_exceeds_capacity_over_a_random_run():
+    import random
+
+    rng = random.Random(0)
+    window = StalenessWindow(groups_per_step=3, max_staleness=2)
+    lost = 0
+    for _ in range(2000):
+        action = rng.random()
+        if action < 0.5:
+            window.start(rng.randint(0, window.room()))
+        elif action < 0.8 and window.in_flight >= 3:
+            window.trained(3)
+        elif window.in_flight > 0:
+            lost += 1
+            window.set_lost(lost)
+        assert 0 <= window.in_flight <= window.capacity

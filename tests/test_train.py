@@ -1,0 +1,145 @@
+"""The training controller, fast: the tiny model, the hf backend or a scripted policy, a few steps.
+
+The staleness window as the controller drives it (synchronous runs train only on the current
+weights; asynchronous ones stay within their bound and start no more groups than the window
+holds), resume, configs that are never changed, and a real hf policy that learns. The same loop on
+the real vLLM engine is in tests/trainers/test_train_job.py (slow).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agentrl
+from agentrl.config import load_config
+from agentrl.env import AgentEnv, Feedback
+from agentrl.metrics import read_metrics
+from agentrl.testing import ScriptedPolicy
+from agentrl.train import TrainConfig, train
+from agentrl.types import Message
+
+ENV_ID = "tests/SayB-v0"
+
+
+class SayB(AgentEnv):
+    """Say b: the reward is the share of the letter b in the reply."""
+
+    def __init__(self, split: str = "train", max_turns: int = 1):
+        super().__init__(max_turns=max_turns)
+        self.split = split
+
+    def start(self, options: dict[str, Any] | None) -> list[Message]:
+        return [Message("user", f"Say {'b' * (1 + int(self.np_random.integers(3)))}")]
+
+    def respond(self, reply: Message) -> Feedback:
+        share = reply.content.count("b") / max(len(reply.content), 1)
+        return Feedback([], reward=share, terminated=True, info={"success": share >= 0.5})
+
+
+if ENV_ID not in agentrl.registered_ids():
+    agentrl.register(ENV_ID, entry_point=SayB)
+
+
+def _config(model_dir: Path, run_dir: Path, *overrides: str) -> TrainConfig:
+    return load_config(
+        TrainConfig,
+        None,
+        [
+            f"rollout.env_id={ENV_ID}",
+            f"rollout.model={model_dir}",
+            "rollout.backend=hf",
+            "rollout.group_size=4",
+            "rollout.max_tokens=8",
+            "rollout.max_length=256",
+            "trainer.lr=1e-2",
+            "trainer.micro_batch_size=8",
+            "groups_per_step=2",
+            "steps=3",
+            "eval_episodes=0",
+            "checkpoint_every=0",
+            "export=false",
+            "torch_threads=1",
+            f"run_dir={run_dir}",
+            *overrides,
+        ],
+    )
+
+
+def _scripted(tokenizer: Any, delays: list[float] | float = 0.0) -> ScriptedPolicy:
+    # Replies differ between samples so that a group has advantages to train on.
+    return ScriptedPolicy(tokenizer, lambda prompt: "b" * (1 + len(prompt) % 3) + "a", delay=delays)
+
+
+def _steps(run_dir: Path) -> list[dict[str, float]]:
+    return [m for m in read_metrics(run_dir) if "train/policy_version" in m]
+
+
+def _batches(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "batches.jsonl").read_text().splitlines()]
+
+
+def test_synchronous_training_trains_only_on_the_current_weights(tiny_model_dir, tiny_tokenizer, tmp_path):
+    policy = _scripted(tiny_tokenizer)
+    result = train(_config(tiny_model_dir, tmp_path / "run", "max_staleness=0"), policy=policy)
+
+    steps = _steps(result.run_dir)
+    assert result.steps == 3 and [m["train/policy_version"] for m in steps] == [2.0, 3.0, 4.0]
+    assert all(m["train/staleness_max"] == 0 for m in steps)
+    # one batch of 2 groups at a time: group numbers 0..5, each trained once, in batches
+    assert [sorted(b["groups"]) for b in _batches(result.run_dir)] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_asynchronous_training_stays_within_its_bound(tiny_model_dir, tiny_tokenizer, tmp_path):
+    # A long-tail policy: one slow generation in every few, so that later groups overtake earlier ones.
+    delays = [0.4 if i % 5 == 0 else 0.01 for i in range(200)]
+    config = _config(tiny_model_dir, tmp_path / "run", "max_staleness=1", "steps=5")
+    result = train(config, policy=_scripted(tiny_tokenizer, delays))
+
+    steps = _steps(result.run_dir)
+    assert result.steps == 5
+    assert max(m["train/staleness_max"] for m in steps) <= 1
+    trained = [g for b in _batches(result.run_dir) for g in b["groups"]]
+    assert len(trained) == len(set(trained)) == 10
+    # the window holds 2 x (1 + 1) groups: nothing beyond 4 batches' worth was ever started early
+    assert max(trained) < 10 + 4 + steps[-1]["train/stale_groups"]
+
+
+def test_training_does_not_change_the_callers_config(tiny_model_dir, tiny_tokenizer, tmp_path):
+    config = _config(tiny_model_dir, tmp_path / "run", "rollout.temperature=0.7")
+    before = copy.deepcopy(config)
+    train(config, policy=_scripted(tiny_tokenizer))
+    assert config == before and config.trainer.temperature is None and config.trainer.total_steps == 0
+    assert config.trainer_settings().temperature == 0.7 and config.trainer_settings().total_steps == 3
+
+
+def test_a_resumed_run_trains_every_group_once(tiny_model_dir, tiny_tokenizer, tmp_path):
+    run_dir = tmp_path / "run"
+    first = _config(tiny_model_dir, run_dir, "max_staleness=1", "steps=2", "checkpoint_every=1", "resume=true")
+    train(first, policy=_scripted(tiny_tokenizer))
+    second = _config(tiny_model_dir, run_dir, "max_staleness=1", "steps=4", "checkpoint_every=1", "resume=true")
+    result = train(second, policy=_scripted(tiny_tokenizer))
+
+    assert result.steps == 4
+    batches = _batches(run_dir)
+    by_step = {b["step"]: b["groups"] for b in batches}  # a step re-done after a resume: the last record wins
+    trained = [g for step in sorted(by_step) for g in by_step[step]]
+    assert sorted(by_step) == [1, 2, 3, 4] and len(trained) == len(set(trained)) == 8
+
+
+def test_the_hf_policy_learns_through_the_controller(tiny_model_dir, tmp_path):
+    config = _config(tiny_model_dir, tmp_path / "run", "steps=6", "groups_per_step=4", "max_staleness=1")
+    result = train(config)
+
+    rewards = [m["rollout/reward_mean"] for m in _steps(result.run_dir)]
+    assert max(m["train/staleness_max"] for m in _steps(result.run_dir)) <= 1
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2, f"reward did not go up: {rewards}"
+
+
+def test_a_greedy_run_is_refused_with_the_reason(tiny_model_dir, tmp_path):
+    with pytest.raises(ValueError, match="rollout.temperature must be above 0"):
+        _config(tiny_model_dir, tmp_path / "run", "rollout.temperature=0")
