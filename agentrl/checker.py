@@ -66,8 +66,7 @@ def check_env(env: gym.Env[Any, Any], seed: int = 0, episodes: int = 3, max_step
     # AgentEnv.__init__ sets _episode_over, whatever else a subclass's __init__ does.
     if not hasattr(base, "_episode_over"):
         _fail(
-            f"{name}.__init__ to call super().__init__() (AgentEnv sets up its tools, spaces and turn "
-            "count there)",
+            f"{name}.__init__ to call super().__init__() (AgentEnv sets up its tools, spaces and turn count there)",
             "an instance without them",
         )
     if not isinstance(base.observation_space, MessagesSpace):

@@ -123,14 +123,14 @@ KwargOption = Annotated[
 ]
 
 
-class AgentKind(str, enum.Enum):
+class AgentKind(enum.StrEnum):
     """Who plays in ``agentrl play``."""
 
     human = "human"
     random = "random"
 
 
-class Split(str, enum.Enum):
+class Split(enum.StrEnum):
     """The task split an env draws from (passed to the env as ``split=``)."""
 
     train = "train"
@@ -197,11 +197,7 @@ def print_message(message: Message, out: Console | None = None) -> None:
     title = message.role if message.name is None else f"{message.role} ({message.name})"
     if message.tool_call_id is not None:
         title += f" | {message.tool_call_id}"
-    out.print(
-        Panel(
-            body, title=escape(title), title_align="left", border_style=ROLE_STYLES.get(message.role, "white")
-        )
-    )
+    out.print(Panel(body, title=escape(title), title_align="left", border_style=ROLE_STYLES.get(message.role, "white")))
 
 
 def read_reply(stream: TextIO, out: Console | None = None) -> str | None:
@@ -238,9 +234,7 @@ def _version_callback(value: bool) -> None:
 def _root(
     version: Annotated[
         bool,
-        typer.Option(
-            "--version", help="Print the version and exit.", callback=_version_callback, is_eager=True
-        ),
+        typer.Option("--version", help="Print the version and exit.", callback=_version_callback, is_eager=True),
     ] = False,
 ) -> None:
     """Train LLM agents with reinforcement learning: list, check and play message environments."""
@@ -278,9 +272,7 @@ def envs_command(
         )
     failed = load_plugins()  # already loaded above; each failure was warned about then
     if failed:
-        err_console.print(
-            Text(f"{len(failed)} env plugin(s) failed to load: {sorted(failed)}", style="yellow")
-        )
+        err_console.print(Text(f"{len(failed)} env plugin(s) failed to load: {sorted(failed)}", style="yellow"))
 
 
 def _print_multiagent_envs(ids: list[str]) -> None:
@@ -337,9 +329,7 @@ def play_command(
     agent: Annotated[
         AgentKind, typer.Option(help="human: you type the replies; random: env.action_space.sample().")
     ] = AgentKind.human,
-    seed: Annotated[
-        int | None, typer.Option(help="Seed of the first episode; episode i uses seed + i.")
-    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the first episode; episode i uses seed + i.")] = None,
     episodes: Annotated[int, typer.Option(min=1, help="How many episodes to play.")] = 1,
     split: Annotated[Split | None, typer.Option(help="Task split, passed to the env as split=.")] = None,
     max_turns: Annotated[
@@ -394,9 +384,7 @@ def play_command(
     _print_summary(summaries)
 
 
-def _play_episode(
-    env: gym.Env[Any, Any], agent: AgentKind, seed: int | None, turn_cap: int | None
-) -> EpisodeSummary:
+def _play_episode(env: gym.Env[Any, Any], agent: AgentKind, seed: int | None, turn_cap: int | None) -> EpisodeSummary:
     summary = EpisodeSummary(seed=seed)
     observation, info = env.reset(seed=seed)
     for message in observation:
@@ -440,24 +428,18 @@ def _print_tools(env: gym.Env[Any, Any]) -> None:
     table.add_column("parameters")
     table.add_column("description")
     for t in tools:
-        params = ", ".join(
-            f"{k}: {v.get('type', 'any')}" for k, v in t.parameters.get("properties", {}).items()
-        )
+        params = ", ".join(f"{k}: {v.get('type', 'any')}" for k, v in t.parameters.get("properties", {}).items())
         table.add_row(t.name, params, t.description.splitlines()[0] if t.description else "")
     console.print(table)
     example = json.dumps(
         {"name": tools[0].name, "arguments": {k: "..." for k in tools[0].parameters.get("properties", {})}}
     )
-    console.print(
-        Text(f"Call one as <tool_call>{example}</tool_call>, or as the JSON object alone.", style="dim")
-    )
+    console.print(Text(f"Call one as <tool_call>{example}</tool_call>, or as the JSON object alone.", style="dim"))
 
 
 def _print_step(reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
     line = Text()
-    line.append(
-        f"reward {reward:g}", style="bold green" if reward > 0 else "bold red" if reward < 0 else "bold"
-    )
+    line.append(f"reward {reward:g}", style="bold green" if reward > 0 else "bold red" if reward < 0 else "bold")
     line.append(f"  terminated {terminated}  truncated {truncated}")
     if info:
         line.append(f"  info {info}", style="dim")
@@ -471,9 +453,7 @@ def _print_summary(summaries: list[EpisodeSummary]) -> None:
     for column in ("episode", "seed", "turns", "return", "ended by"):
         table.add_column(column, justify="right" if column in ("episode", "turns", "return") else "left")
     for i, s in enumerate(summaries, start=1):
-        table.add_row(
-            str(i), "-" if s.seed is None else str(s.seed), str(s.turns), f"{s.reward:g}", s.ended_by
-        )
+        table.add_row(str(i), "-" if s.seed is None else str(s.seed), str(s.turns), f"{s.reward:g}", s.ended_by)
     console.print(table)
     mean = sum(s.reward for s in summaries) / len(summaries)
     console.print(f"mean return {mean:g} over {len(summaries)} episode(s)")
@@ -485,7 +465,9 @@ def rollout_command(
     overrides: Annotated[
         list[str] | None, typer.Argument(help="Any RolloutConfig field as key=value, e.g. temperature=0.7.")
     ] = None,
-    model: Annotated[str | None, typer.Option(help="default (SmolLM2-135M-Instruct), a checkpoint dir, or a hub id.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="default (SmolLM2-135M-Instruct), a checkpoint dir, or a hub id.")
+    ] = None,
     backend: Annotated[str | None, typer.Option(help="vllm, hf or openai.")] = None,
     episodes: Annotated[int | None, typer.Option(help="Episodes to play (a multiple of --group-size).")] = None,
     group_size: Annotated[int | None, typer.Option(help="Episodes per task, sharing a group id.")] = None,
@@ -493,7 +475,9 @@ def rollout_command(
     config: Annotated[str | None, typer.Option(help="A YAML file of RolloutConfig fields.")] = None,
 ) -> None:
     """Play episodes of an env with a model; print a summary table; write trajectories as JSONL."""
-    _run_rollout(env_id, overrides or [], config, model=model, backend=backend, episodes=episodes, group_size=group_size, out=out)
+    _run_rollout(
+        env_id, overrides or [], config, model=model, backend=backend, episodes=episodes, group_size=group_size, out=out
+    )
 
 
 @app.command("eval")
@@ -502,14 +486,18 @@ def eval_command(
     overrides: Annotated[
         list[str] | None, typer.Argument(help="Any RolloutConfig field as key=value, e.g. temperature=0.")
     ] = None,
-    model: Annotated[str | None, typer.Option(help="default (SmolLM2-135M-Instruct), a checkpoint dir, or a hub id.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="default (SmolLM2-135M-Instruct), a checkpoint dir, or a hub id.")
+    ] = None,
     backend: Annotated[str | None, typer.Option(help="vllm, hf or openai.")] = None,
     episodes: Annotated[int | None, typer.Option(help="Episodes to play.")] = None,
     out: Annotated[str | None, typer.Option(help="Write trajectories here, one JSON object per line.")] = None,
     config: Annotated[str | None, typer.Option(help="A YAML file of RolloutConfig fields.")] = None,
 ) -> None:
     """Evaluate a model on an env's held-out split (split=test) and print the summary table."""
-    _run_rollout(env_id, ["split=test", *(overrides or [])], config, model=model, backend=backend, episodes=episodes, out=out)
+    _run_rollout(
+        env_id, ["split=test", *(overrides or [])], config, model=model, backend=backend, episodes=episodes, out=out
+    )
 
 
 def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **options: Any) -> None:
@@ -525,7 +513,13 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
     config = load_config(RolloutConfig, config_path, [f"env_id={env_id}", *given, *overrides])
     agentrl.spec(config.env_id)  # an unknown env fails now, before the engine starts
     total = config.episodes + config.redundancy * (config.episodes // config.group_size)
-    columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=err_console, transient=False) as progress:
         task = progress.add_task(f"{config.env_id} ({config.backend})", total=total, status="starting the engine")
 
@@ -542,9 +536,12 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
 
 @app.command("train")
 def train_command(
-    config: Annotated[str | None, typer.Argument(help="A YAML file of TrainConfig fields, e.g. examples/quickstart.yaml.")] = None,
+    config: Annotated[
+        str | None, typer.Argument(help="A YAML file of TrainConfig fields, e.g. examples/quickstart.yaml.")
+    ] = None,
     overrides: Annotated[
-        list[str] | None, typer.Argument(help="Any TrainConfig field as key=value; sections with dots: trainer.lr=1e-5.")
+        list[str] | None,
+        typer.Argument(help="Any TrainConfig field as key=value; sections with dots: trainer.lr=1e-5."),
     ] = None,
 ) -> None:
     """Train a policy on an env: rollouts on the inference engine, PPO/GRPO steps, weights back to the engine.
@@ -578,7 +575,13 @@ class _TrainProgress:
     def __init__(self) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[status]}"), TimeElapsedColumn())
+        columns = (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+        )
         self.progress = Progress(*columns, console=err_console, transient=False)
         self.task: Any = None
 
@@ -607,13 +610,25 @@ class _TrainProgress:
 
 
 def _print_train_summary(config: Any, result: Any) -> None:
-    table = Table(title=f"{config.rollout.env_id} · {config.rollout.model} · {config.trainer.algorithm} · {result.steps} steps", title_justify="left")
+    table = Table(
+        title=f"{config.rollout.env_id} · {config.rollout.model} · {config.trainer.algorithm} · {result.steps} steps",
+        title_justify="left",
+    )
     table.add_column("held-out (split test)")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
     before, after = result.eval_before or {}, result.eval_after or {}
-    for name, label, fmt in (("eval/success_rate", "success rate", "{:.1%}"), ("eval/reward_mean", "mean reward", "{:.3f}"), ("eval/episodes", "episodes", "{:.0f}"), ("eval/failed", "failed", "{:.0f}")):
-        table.add_row(label, fmt.format(before[name]) if name in before else "-", fmt.format(after[name]) if name in after else "-")
+    for name, label, fmt in (
+        ("eval/success_rate", "success rate", "{:.1%}"),
+        ("eval/reward_mean", "mean reward", "{:.3f}"),
+        ("eval/episodes", "episodes", "{:.0f}"),
+        ("eval/failed", "failed", "{:.0f}"),
+    ):
+        table.add_row(
+            label,
+            fmt.format(before[name]) if name in before else "-",
+            fmt.format(after[name]) if name in after else "-",
+        )
     console.print(table)
     console.print(f"run dir: {escape(str(result.run_dir))}")
     if result.model_dir is not None:
@@ -624,7 +639,9 @@ def _print_train_summary(config: Any, result: Any) -> None:
 
 def _print_rollout_summary(config: Any, stats: Any) -> None:
     summary = stats.summary()
-    table = Table(title=f"{config.env_id} · {config.model} · {config.backend} · split {config.split}", title_justify="left")
+    table = Table(
+        title=f"{config.env_id} · {config.model} · {config.backend} · split {config.split}", title_justify="left"
+    )
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("episodes", str(stats.episodes))

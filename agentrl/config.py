@@ -118,7 +118,6 @@ class RolloutConfig(EngineConfig):
             )
 
 
-
 def load_config(cls: type[T], path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> T:
     """Build ``cls`` from the YAML file at ``path`` (optional) and ``key=value`` overrides."""
     data: dict[str, Any] = {}

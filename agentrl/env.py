@@ -271,8 +271,7 @@ class AgentEnv(gym.Env[Observation, Action]):
         if isinstance(action, str):
             return parse_reply(action, self.tool_format)  # type: ignore[arg-type]
         raise TypeError(
-            f"{self._env_name}.step expects the reply as a str or an assistant Message, "
-            f"got {type(action).__name__}."
+            f"{self._env_name}.step expects the reply as a str or an assistant Message, got {type(action).__name__}."
         )
 
     def _split_calls(self, reply: Message) -> tuple[list[ToolCall], list[ToolResult]]:
@@ -300,9 +299,7 @@ class AgentEnv(gym.Env[Observation, Action]):
             hint = ""
             if _defined_in(type(self), "reset") is not AgentEnv:
                 hint = " (an overriding reset must call super().reset(seed=seed))"
-            raise RuntimeError(
-                f"{type(self).__name__}.step was called before reset(); call reset() first{hint}."
-            )
+            raise RuntimeError(f"{type(self).__name__}.step was called before reset(); call reset() first{hint}.")
         if self._episode_over:
             raise RuntimeError(
                 f"{type(self).__name__}.step was called after the episode ended "
@@ -314,14 +311,10 @@ class AgentEnv(gym.Env[Observation, Action]):
 
     def _finish_step(self, reply: Message, feedback: Feedback) -> StepResult:
         if not isinstance(feedback, Feedback):
-            raise TypeError(
-                f"{type(self).__name__}.respond must return a Feedback, got {type(feedback).__name__}."
-            )
+            raise TypeError(f"{type(self).__name__}.respond must return a Feedback, got {type(feedback).__name__}.")
         observation = list(feedback.messages)
         self.messages.extend([reply, *observation])
-        truncated = (
-            not feedback.terminated and self.max_turns is not None and self.turn >= self.max_turns
-        )
+        truncated = not feedback.terminated and self.max_turns is not None and self.turn >= self.max_turns
         info = {"turn": self.turn, **feedback.info}  # a copy: Feedback's default info is shared
         if truncated:
             info.setdefault("success", False)

@@ -267,7 +267,9 @@ def unknown_env_message(id: str, *, multiagent: bool = False) -> str:
     kind = "multi-agent env" if multiagent else "env"
     candidates = list(_MULTIAGENT) if multiagent else list(gym.registry)
     hint = did_you_mean(id, candidates) or (
-        f"Registered multi-agent envs: {sorted(candidates)}." if multiagent else "Run `agentrl envs` to list the registered ids."
+        f"Registered multi-agent envs: {sorted(candidates)}."
+        if multiagent
+        else "Run `agentrl envs` to list the registered ids."
     )
     message = f"Unknown {kind} {id!r}. {hint}"
     if _failed_plugins:

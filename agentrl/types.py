@@ -65,10 +65,7 @@ class Message:
         if self.role not in ROLES:
             raise ValueError(f"Message role must be one of {ROLES}, got {self.role!r}.")
         if not isinstance(self.content, str):
-            raise TypeError(
-                f"Message content must be a str, got {type(self.content).__name__}: "
-                f"{self.content!r:.80}"
-            )
+            raise TypeError(f"Message content must be a str, got {type(self.content).__name__}: {self.content!r:.80}")
 
     def to_dict(self) -> dict[str, Any]:
         """The message as a chat-template / OpenAI style dict (empty optional fields left out)."""
@@ -97,11 +94,7 @@ class Message:
             arguments = function.get("arguments") or {}
             if isinstance(arguments, str):  # OpenAI sends arguments as a JSON string
                 arguments = json.loads(arguments)
-            calls.append(
-                ToolCall(
-                    name=function["name"], arguments=arguments, id=raw.get("id"), error=raw.get("error")
-                )
-            )
+            calls.append(ToolCall(name=function["name"], arguments=arguments, id=raw.get("id"), error=raw.get("error")))
         return cls(
             role=data["role"],
             content=data.get("content") or "",

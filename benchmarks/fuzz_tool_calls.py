@@ -209,7 +209,9 @@ def mutated(rng: random.Random) -> str:
 
 
 def soup(rng: random.Random) -> str:
-    return "".join(rng.choice(FRAGMENTS) if rng.random() < 0.7 else random_text(rng, 6) for _ in range(rng.randrange(1, 40)))
+    return "".join(
+        rng.choice(FRAGMENTS) if rng.random() < 0.7 else random_text(rng, 6) for _ in range(rng.randrange(1, 40))
+    )
 
 
 def adversarial(rng: random.Random) -> str:
@@ -279,7 +281,11 @@ def exercise(text: str, tally: Tally, loop: asyncio.AbstractEventLoop, env: Fuzz
         replies = {format: parse_reply(text, format) for format in TOOL_FORMATS}  # type: ignore[arg-type]
         for format, reply in replies.items():
             ids = [c.id for c in reply.tool_calls]
-            if not isinstance(reply, Message) or reply.role != "assistant" or ids != [f"call_{i}" for i in range(len(ids))]:
+            if (
+                not isinstance(reply, Message)
+                or reply.role != "assistant"
+                or ids != [f"call_{i}" for i in range(len(ids))]
+            ):
                 tally.broken.append((f"parse[{format}]", f"bad reply {reply!r:.200}", text[:200]))
         calls = replies["auto"].tool_calls
         tally.calls += len(calls)
@@ -329,7 +335,6 @@ class _AsResult:
         return self.message
 
 
-
 def run(n: int, seed: int = 0, env_every: int = 10, progress: bool = False) -> Tally:
     """Fuzz ``n`` completions; return the tally (the test suite calls this with a small ``n``)."""
     texts = corpus(n, seed)
@@ -350,20 +355,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--n", type=int, default=100_000, help="completions to try")
     parser.add_argument("--seed", type=int, default=0, help="seed of the corpus")
-    parser.add_argument("--env-every", type=int, default=10, help="also step an env on every k-th completion (0: never)")
+    parser.add_argument(
+        "--env-every", type=int, default=10, help="also step an env on every k-th completion (0: never)"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     tally = run(args.n, args.seed, args.env_every, progress=True)
     elapsed = time.perf_counter() - started
     print(f"completions tried:      {tally.completions}")
     print(f"with tool calls:        {tally.with_calls}")
-    print(f"calls parsed:           {tally.calls} ({tally.calls_parsed_ok} well-formed, {tally.calls - tally.calls_parsed_ok} parse errors)")
-    print("call_tool results:      " + ", ".join(f"{k} {v}" for k, v in sorted(tally.results.items(), key=lambda kv: -kv[1])))
+    print(
+        f"calls parsed:           {tally.calls} ({tally.calls_parsed_ok} well-formed, {tally.calls - tally.calls_parsed_ok} parse errors)"
+    )
+    print(
+        "call_tool results:      "
+        + ", ".join(f"{k} {v}" for k, v in sorted(tally.results.items(), key=lambda kv: -kv[1]))
+    )
     print(f"exceptions escaped:     {len(tally.escaped)}")
     print(f"invariants broken:      {len(tally.broken)}")
     for stage, error, text in (tally.escaped + tally.broken)[:10]:
         print(f"  [{stage}] {error}\n      completion: {text!r:.200}")
-    print(f"time:                   {elapsed:.1f} s ({tally.completions / elapsed:,.0f} completions/s, seed {args.seed})")
+    print(
+        f"time:                   {elapsed:.1f} s ({tally.completions / elapsed:,.0f} completions/s, seed {args.seed})"
+    )
     return 1 if tally.escaped or tally.broken else 0
 
 

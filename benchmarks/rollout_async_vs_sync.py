@@ -297,8 +297,15 @@ async def async_engine(
         rollout.close()
 
 
-def play(mode: Any, tables: Tables, w: Workload, agent: ChatAgent, engine: SimulatedEngine,
-         sampling: Sampling, limits: EpisodeLimits) -> tuple[float, float, list[Trajectory]]:
+def play(
+    mode: Any,
+    tables: Tables,
+    w: Workload,
+    agent: ChatAgent,
+    engine: SimulatedEngine,
+    sampling: Sampling,
+    limits: EpisodeLimits,
+) -> tuple[float, float, list[Trajectory]]:
     """Wall seconds, CPU seconds and the trajectories of one mode."""
     wall, cpu = time.perf_counter(), time.process_time()
     trajectories = asyncio.run(mode(tables, w, agent, engine, sampling, limits))
@@ -324,14 +331,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     defaults = Workload()
     parser.add_argument("--episodes", type=int, default=defaults.episodes)
-    parser.add_argument("--concurrency", type=int, default=defaults.concurrency, help="K: async concurrency = sync batch")
+    parser.add_argument(
+        "--concurrency", type=int, default=defaults.concurrency, help="K: async concurrency = sync batch"
+    )
     parser.add_argument("--capacity", type=int, default=defaults.capacity, help="C: sequences decoding at once")
-    parser.add_argument("--time-scale", type=float, default=defaults.time_scale, help="wall seconds per real-run second")
+    parser.add_argument(
+        "--time-scale", type=float, default=defaults.time_scale, help="wall seconds per real-run second"
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--quick", action="store_true", help="a tiny budget, for the smoke test")
     args = parser.parse_args(argv)
-    w = replace(defaults, episodes=args.episodes, concurrency=args.concurrency, capacity=args.capacity,
-                time_scale=args.time_scale, seed=args.seed)
+    w = replace(
+        defaults,
+        episodes=args.episodes,
+        concurrency=args.concurrency,
+        capacity=args.capacity,
+        time_scale=args.time_scale,
+        seed=args.seed,
+    )
     if args.quick:
         w = replace(w, episodes=48, concurrency=16, capacity=8, time_scale=1 / 600)
 
@@ -351,25 +368,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     problems = [p for name, (_, _, ts) in runs.items() for p in check(name, ts, tables, w)]
 
     decode_time = tables.tokens_played * w.step_time * w.time_scale / w.capacity
-    print(f"workload: {w.episodes} episodes ({int(tables.turns.sum())} turns, {tables.tokens_played} tokens), "
-          f"K = {w.concurrency} in flight, engine C = {w.capacity} x {w.step_time * 1e3:.0f} ms/step, "
-          f"time scale 1/{1 / w.time_scale:.0f}, seed {w.seed}")
-    print(f"ideal: max(decode work / C {decode:.2f} s, sum of paths / K {spread:.2f} s, "
-          f"longest path {longest:.2f} s) = {ideal:.2f} s of wall time")
-    print(f"{'mode':<24}{'wall s':>9}{'episodes/s':>12}{'real-run eps/min':>18}{'engine busy':>13}"
-          f"{'of ideal':>10}{'client CPU s':>14}")
+    print(
+        f"workload: {w.episodes} episodes ({int(tables.turns.sum())} turns, {tables.tokens_played} tokens), "
+        f"K = {w.concurrency} in flight, engine C = {w.capacity} x {w.step_time * 1e3:.0f} ms/step, "
+        f"time scale 1/{1 / w.time_scale:.0f}, seed {w.seed}"
+    )
+    print(
+        f"ideal: max(decode work / C {decode:.2f} s, sum of paths / K {spread:.2f} s, "
+        f"longest path {longest:.2f} s) = {ideal:.2f} s of wall time"
+    )
+    print(
+        f"{'mode':<24}{'wall s':>9}{'episodes/s':>12}{'real-run eps/min':>18}{'engine busy':>13}"
+        f"{'of ideal':>10}{'client CPU s':>14}"
+    )
     per_min = 60 * w.time_scale
-    print(f"{'ideal bound':<24}{ideal:>9.2f}{w.episodes / ideal:>12.1f}{w.episodes / ideal * per_min:>18.1f}"
-          f"{decode_time / ideal:>12.0%}{1:>10.2f}{'':>14}")
+    print(
+        f"{'ideal bound':<24}{ideal:>9.2f}{w.episodes / ideal:>12.1f}{w.episodes / ideal * per_min:>18.1f}"
+        f"{decode_time / ideal:>12.0%}{1:>10.2f}{'':>14}"
+    )
     rates = {}
     for name, (wall, cpu, _) in runs.items():
         rates[name] = w.episodes / wall
-        print(f"{name:<24}{wall:>9.2f}{rates[name]:>12.1f}{rates[name] * per_min:>18.1f}"
-              f"{decode_time / wall:>12.0%}{ideal / wall:>10.2f}{cpu:>14.2f}")
+        print(
+            f"{name:<24}{wall:>9.2f}{rates[name]:>12.1f}{rates[name] * per_min:>18.1f}"
+            f"{decode_time / wall:>12.0%}{ideal / wall:>10.2f}{cpu:>14.2f}"
+        )
     speedup = rates["async (RolloutEngine)"] / rates["sync lock-step turns"]
     of_ideal = ideal / runs["async (RolloutEngine)"][0]
-    print(f"async / sync: {speedup:.2f}x (target >= {TARGET_SPEEDUP}x: {'met' if speedup >= TARGET_SPEEDUP else 'MISSED'}); "
-          f"async / ideal: {of_ideal:.2f} (target >= {TARGET_OF_IDEAL}: {'met' if of_ideal >= TARGET_OF_IDEAL else 'MISSED'})")
+    print(
+        f"async / sync: {speedup:.2f}x (target >= {TARGET_SPEEDUP}x: {'met' if speedup >= TARGET_SPEEDUP else 'MISSED'}); "
+        f"async / ideal: {of_ideal:.2f} (target >= {TARGET_OF_IDEAL}: {'met' if of_ideal >= TARGET_OF_IDEAL else 'MISSED'})"
+    )
     for problem in problems:
         print(f"PROBLEM: {problem}", file=sys.stderr)
     return 1 if problems else 0

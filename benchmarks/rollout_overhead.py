@@ -48,7 +48,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from agentrl.agents.chat import ChatAgent
-
 from agentrl.env import AgentEnv, Feedback, ResetResult, StepResult
 from agentrl.policies import Generation, Sampling
 from agentrl.rollout import EpisodeLimits, RolloutEngine
@@ -130,8 +129,15 @@ def timed(run: Callable[[], int]) -> Timing:
     return Timing(time.perf_counter() - wall, time.process_time() - cpu, turns)
 
 
-def run_engine(agent: ChatAgent, policy: Any, make_env: Callable[[], AgentEnv], episodes: int, turns: int,
-               concurrency: int, limits: EpisodeLimits) -> Timing:
+def run_engine(
+    agent: ChatAgent,
+    policy: Any,
+    make_env: Callable[[], AgentEnv],
+    episodes: int,
+    turns: int,
+    concurrency: int,
+    limits: EpisodeLimits,
+) -> Timing:
     """Play ``episodes`` episodes through the RolloutEngine."""
     engine = RolloutEngine(make_env, agent, policy, env_id="bench/Instant", limits=limits, concurrency=concurrency)
     timing = timed(lambda: sum(t.turns for t in check(asyncio.run(engine.collect(num_groups=episodes)))))
@@ -219,8 +225,14 @@ PARTS = (
 )
 
 
-def run_split(make_agent: Callable[[], ChatAgent], reply_ids: list[int], episodes: int, turns: int,
-              concurrency: int, limits: EpisodeLimits) -> tuple[Timing, Split]:
+def run_split(
+    make_agent: Callable[[], ChatAgent],
+    reply_ids: list[int],
+    episodes: int,
+    turns: int,
+    concurrency: int,
+    limits: EpisodeLimits,
+) -> tuple[Timing, Split]:
     """One more run of the default path with every part's methods wrapped in timers."""
     split = Split()
     agent = make_agent()
@@ -293,8 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     splits = [run_split(make_agent, reply_ids, *shape, default_limits) for _ in range(args.repeats)]
 
     name = args.tokenizer or "tiny ChatML tokenizer"
-    print(f"rollout overhead: {args.episodes} episodes x {turns} turns, {args.concurrency} in flight, "
-          f"{args.repeats} repeats, {name}, {len(tools)} tool(s) in the prompt")
+    print(
+        f"rollout overhead: {args.episodes} episodes x {turns} turns, {args.concurrency} in flight, "
+        f"{args.repeats} repeats, {name}, {len(tools)} tool(s) in the prompt"
+    )
     print(f"{'µs per turn':<40}{'wall median':>12}{'min':>10}{'max':>10}{'CPU median':>12}{'min':>10}{'max':>10}")
     for path, timings in runs.items():
         wall_us = per_turn(t.wall / t.turns * 1e6 for t in timings)
@@ -302,7 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{path:<40}{wall_us:>32}{cpu_us:>32}")
     print()
     total = statistics.median(t.wall / t.turns * 1e6 for t, _ in splits)
-    print(f"{f'split of the default path (instrumented runs, {total:.1f} µs/turn)':<68}{'µs/turn':>8}{'calls/turn':>12}")
+    print(
+        f"{f'split of the default path (instrumented runs, {total:.1f} µs/turn)':<68}{'µs/turn':>8}{'calls/turn':>12}"
+    )
     accounted = 0.0
     for part, label in PARTS:
         us = statistics.median(split.seconds[part] / t.turns * 1e6 for t, split in splits)
@@ -314,8 +330,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu = statistics.median(t.cpu / t.turns * 1e6 for t in runs["agentrl, default limits"])
     bare = statistics.median(t.wall / t.turns * 1e6 for t in runs["bare asyncio (same awaits)"])
     verdict = "met" if headline < TARGET_US else "MISSED"
-    print(f"\noverhead per turn: {headline:.1f} µs wall, {cpu:.1f} µs CPU (bare asyncio {bare:.1f} µs); "
-          f"target < {TARGET_US:.0f} µs: {verdict}")
+    print(
+        f"\noverhead per turn: {headline:.1f} µs wall, {cpu:.1f} µs CPU (bare asyncio {bare:.1f} µs); "
+        f"target < {TARGET_US:.0f} µs: {verdict}"
+    )
     return 0
 
 

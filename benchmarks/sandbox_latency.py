@@ -117,19 +117,35 @@ def main(argv: Sequence[str] | None = None) -> int:
             warm_docker = timed(lambda: sb.exec(["true"]), calls)._replace(mode="DockerSandbox, warm server")
             container = sb.container
             docker_exec = timed(lambda: container.exec_run(["true"], user="65534:65534"), exec_calls)._replace(
-                mode="docker exec (SDK exec_run)")
+                mode="docker exec (SDK exec_run)"
+            )
         finally:
             sb.close()
         rows += [warm_docker, docker_exec]
         client = docker_client()
-        lockdown: dict[str, Any] = {"network_mode": "none", "user": "65534:65534", "read_only": True,
-                                    "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "mem_limit": "512m",
-                                    "pids_limit": 128}
-        rows.append(timed(lambda: client.containers.run(args.image, ["true"], remove=True, **lockdown), run_calls)
-                    ._replace(mode="docker run per call"))
+        lockdown: dict[str, Any] = {
+            "network_mode": "none",
+            "user": "65534:65534",
+            "read_only": True,
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "mem_limit": "512m",
+            "pids_limit": 128,
+        }
+        rows.append(
+            timed(lambda: client.containers.run(args.image, ["true"], remove=True, **lockdown), run_calls)._replace(
+                mode="docker run per call"
+            )
+        )
     else:
-        notes.append("docker rows left out: " + ("the engine does not answer" if not docker_available()
-                                                 else f"image {args.image} is absent (agentrl sandbox build-image)"))
+        notes.append(
+            "docker rows left out: "
+            + (
+                "the engine does not answer"
+                if not docker_available()
+                else f"image {args.image} is absent (agentrl sandbox build-image)"
+            )
+        )
 
     problem = bubblewrap_problem()
     if problem is None:
@@ -155,9 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{row.mode:<{width}}  {row.calls:>6}  {row.p50_ms:>8.2f}  {row.p99_ms:>8.2f}  {row.per_s:>8.1f}")
     if warm_docker is not None and docker_exec is not None:
         speedup = docker_exec.p50_ms / warm_docker.p50_ms
-        print(f"warm p50 {warm_docker.p50_ms:.2f} ms (target < {TARGET_P50_MS:g} ms: "
-              f"{'met' if warm_docker.p50_ms < TARGET_P50_MS else 'MISSED'}); docker exec / warm server: "
-              f"{speedup:.1f}x (target >= {TARGET_SPEEDUP:g}x: {'met' if speedup >= TARGET_SPEEDUP else 'MISSED'})")
+        print(
+            f"warm p50 {warm_docker.p50_ms:.2f} ms (target < {TARGET_P50_MS:g} ms: "
+            f"{'met' if warm_docker.p50_ms < TARGET_P50_MS else 'MISSED'}); docker exec / warm server: "
+            f"{speedup:.1f}x (target >= {TARGET_SPEEDUP:g}x: {'met' if speedup >= TARGET_SPEEDUP else 'MISSED'})"
+        )
     for note in notes:
         print(note, file=sys.stderr)
     return 0

@@ -19,18 +19,33 @@ of holding a step back (one that becomes too stale is dropped and counted).
 
 Throughput is trained trajectories per second of wall time between the first and the last step's
 metrics (engine start and evaluation excluded on both sides). Target: async at least 2x sync.
+
+**Which episodes are trained on.** A group's episodes share the env seed, hence the env's delay:
+each group has one length (its delay, in seconds), known from its number. For each run the script
+compares the lengths of the groups *generated* (every group whose fate was decided: trained on or
+dropped; groups still running when the run ends are left out) with those *trained on*: mean,
+median, 90th percentile and the share of long groups (more than twice the median delay). With
+``stragglers: drop`` a long group that finishes after its staleness bound is dropped, so trained
+groups come out shorter than generated ones (the bias reported for other frameworks); with
+``stragglers: wait`` (the default) a batch waits for a group at the end of its bound, and the two
+distributions should agree. Modes: ``--modes sync,async1-drop,async1-wait,async2-drop,async2-wait``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 import agentrl
 from agentrl.env import AgentEnv, Feedback
+from agentrl.rollout import group_env_seed
 from agentrl.types import Message
 
 ENV_ID = "bench/LongTail-v0"
@@ -47,13 +62,41 @@ class LongTailEnv(AgentEnv):
         return [Message("user", "Say a")]
 
     def respond(self, reply: Message) -> Feedback:
-        delay = min(float(self.np_random.lognormal(0.0, 1.0)), 20.0) * self.latency
+        delay = draw_delay(self.np_random, self.latency)
         time.sleep(delay)  # the base class runs respond in a thread pool: other episodes go on
         share = reply.content.count("a") / max(len(reply.content), 1)
         return Feedback([], reward=share, terminated=True, info={"success": share >= 0.5})
 
 
-def run(mode: str, staleness: int, args: argparse.Namespace, model_dir: Path, root: Path) -> dict[str, float]:
+def draw_delay(rng: np.random.Generator, latency: float) -> float:
+    """The env's one delay per episode, the first draw after reset."""
+    return min(float(rng.lognormal(0.0, 1.0)), 20.0) * latency
+
+
+def group_delay(group: int, seed: int, latency: float) -> float:
+    """The delay of every episode of group ``group`` (they reset with the same seed)."""
+    return draw_delay(np.random.default_rng(group_env_seed(seed, group)), latency)
+
+
+def lengths(groups: list[int], seed: int, latency: float) -> dict[str, float]:
+    """Mean, median, 90th percentile and long share of the groups' delays."""
+    delays = sorted(group_delay(g, seed, latency) for g in groups)
+    long = 2 * latency  # the median delay is `latency` (lognormal with mu 0)
+    return {
+        "n": len(delays),
+        "mean": statistics.fmean(delays),
+        "p50": delays[len(delays) // 2],
+        "p90": delays[int(0.9 * (len(delays) - 1))],
+        "long": sum(d > long for d in delays) / len(delays),
+    }
+
+
+MODES = {"sync": (0, "wait"), "async1-drop": (1, "drop"), "async1-wait": (1, "wait"),
+         "async2-drop": (2, "drop"), "async2-wait": (2, "wait")}  # fmt: skip
+
+
+def run(mode: str, args: argparse.Namespace, model_dir: Path, root: Path) -> dict[str, Any]:
+    staleness, stragglers = MODES[mode]
     from agentrl.config import load_config
     from agentrl.metrics import read_metrics
     from agentrl.train import TrainConfig, train
@@ -74,6 +117,7 @@ def run(mode: str, staleness: int, args: argparse.Namespace, model_dir: Path, ro
             f"groups_per_step={args.groups}",
             f"steps={args.steps}",
             f"max_staleness={staleness}",
+            f"stragglers={stragglers}",
             "eval_episodes=0",
             "checkpoint_every=0",
             "export=false",
@@ -83,6 +127,9 @@ def run(mode: str, staleness: int, args: argparse.Namespace, model_dir: Path, ro
     )
     train(config)
     steps = [m for m in read_metrics(root / mode) if "train/policy_version" in m]
+    # The final checkpoint's controller state: the groups trained on and the groups dropped.
+    state = json.loads(sorted((root / mode / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    generated = state["trained_groups"] + state["dropped_groups"]
     wall = steps[-1]["time"] - steps[0]["time"]
     trained = (len(steps) - 1) * args.groups * args.group_size
     return {
@@ -91,9 +138,12 @@ def run(mode: str, staleness: int, args: argparse.Namespace, model_dir: Path, ro
         "per_s": trained / wall,
         "train_s": sum(m["perf/time_train"] for m in steps[1:]),
         "stale": steps[-1].get("train/stale_groups", 0.0),
+        "dropped": len(state["dropped_groups"]),
         "staleness_max": max(m.get("train/staleness_max", 0.0) for m in steps),
         "reward_first": steps[0]["rollout/reward_mean"],
         "reward_last": steps[-1]["rollout/reward_mean"],
+        "generated": lengths(generated, 0, args.latency),
+        "trained": lengths(state["trained_groups"], 0, args.latency),
     }
 
 
@@ -105,6 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--latency", type=float, default=0.5, help="median env latency in seconds")
     parser.add_argument("--backend", default=None, choices=["hf", "vllm"], help="default: vllm (hf with --quick)")
+    parser.add_argument("--modes", default="sync,async2-wait", help=f"comma-separated, of {', '.join(MODES)}")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.groups, args.latency = 4, 2, 0.1
@@ -116,21 +167,36 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-") as tmp:
         root = Path(tmp)
         model_dir = build_tiny_model(root / "model")
-        results = {mode: run(mode, staleness, args, model_dir, root) for mode, staleness in (("sync", 0), ("async", 2))}
+        modes = args.modes.split(",")
+        unknown = [m for m in modes if m not in MODES]
+        if unknown:
+            parser.error(f"unknown modes {unknown}; choose from {', '.join(MODES)}")
+        results = {mode: run(mode, args, model_dir, root) for mode in modes}
 
     print(
         f"\n{args.steps} steps x {args.groups} groups x {args.group_size} episodes, env latency lognormal "
         f"median {args.latency}s sigma 1.0, backend {args.backend}, tiny model"
     )
-    print(f"{'mode':<24}{'wall s':>9}{'traj/s':>9}{'train s':>9}{'stale groups':>14}{'max staleness':>15}{'reward first→last':>20}")
-    for mode, label in (("sync", "sync (max_staleness 0)"), ("async", "async (max_staleness 2)")):
-        r = results[mode]
+    print(
+        f"{'mode':<13}{'wall s':>8}{'traj/s':>8}{'train s':>9}{'stale groups':>13}{'max staleness':>14}{'reward first→last':>20}"
+    )
+    for mode, r in results.items():
         print(
-            f"{label:<24}{r['wall']:>9.1f}{r['per_s']:>9.2f}{r['train_s']:>9.1f}{r['stale']:>14.0f}"
-            f"{r['staleness_max']:>15.0f}{r['reward_first']:>11.3f} → {r['reward_last']:.3f}"
+            f"{mode:<13}{r['wall']:>8.1f}{r['per_s']:>8.2f}{r['train_s']:>9.1f}{r['stale']:>13.0f}"
+            f"{r['staleness_max']:>14.0f}{r['reward_first']:>11.3f} → {r['reward_last']:.3f}"
         )
-    ratio = results["async"]["per_s"] / results["sync"]["per_s"]
-    print(f"async / sync: {ratio:.2f}x (target >= 2x: {'met' if ratio >= 2 else 'MISSED'})")
+    print("\ngroup length (env delay, s): generated vs trained")
+    print(f"{'mode':<13}{'groups gen/trained':>20}{'mean':>14}{'median':>14}{'p90':>14}{'long share':>16}")
+    for mode, r in results.items():
+        g, t = r["generated"], r["trained"]
+        print(
+            f"{mode:<13}{g['n']:>11}/{t['n']:<8}{g['mean']:>7.2f}/{t['mean']:<6.2f}{g['p50']:>7.2f}/{t['p50']:<6.2f}"
+            f"{g['p90']:>7.2f}/{t['p90']:<6.2f}{g['long']:>8.0%}/{t['long']:<7.0%}"
+        )
+    if "sync" in results:
+        for mode in (m for m in results if m != "sync"):
+            ratio = results[mode]["per_s"] / results["sync"]["per_s"]
+            print(f"{mode} / sync: {ratio:.2f}x (target >= 2x: {'met' if ratio >= 2 else 'MISSED'})")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,11 @@
 
 # Importing a module runs its register(...) call; `import agentrl` imports this package, so the
 # built-in ids are known without the user importing anything (as gymnasium's own envs are).
-from agentrl.envs import calculator, codebreaker, countdown  # noqa: F401
-from agentrl.envs import codesandbox  # noqa: F401  (needs a sandbox backend at reset, not at import)
-from agentrl.envs import tool_arithmetic  # noqa: F401  (the quickstart's task)
-from agentrl.envs import negotiation  # noqa: F401  (multi-agent: agentrl.multiagent.make_multiagent)
+from agentrl.envs import (  # noqa: F401
+    calculator,
+    codebreaker,
+    codesandbox,  # noqa: F401  (needs a sandbox backend at reset, not at import)
+    countdown,
+    negotiation,  # noqa: F401  (multi-agent: agentrl.multiagent.make_multiagent)
+    tool_arithmetic,  # noqa: F401  (the quickstart's task)
+)

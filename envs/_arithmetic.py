@@ -65,9 +65,7 @@ def parse(expression: str, operators: Collection[str] = ALL_OPERATORS) -> ast.ex
     if not text:
         raise ExpressionError("the expression is empty")
     if len(text) > MAX_EXPRESSION_LENGTH:
-        raise ExpressionError(
-            f"the expression is {len(text)} characters long; the limit is {MAX_EXPRESSION_LENGTH}"
-        )
+        raise ExpressionError(f"the expression is {len(text)} characters long; the limit is {MAX_EXPRESSION_LENGTH}")
     try:
         tree = ast.parse(text, mode="eval").body
     except SyntaxError as e:

@@ -37,6 +37,7 @@ from agentrl.types import Message, ToolCall
 _ANSWER = re.compile(r"answer[*\s]*:[*\s]*\$?\s*(-?(?:\d[\d,]*(?:\.\d+)?|\.\d+))", re.IGNORECASE)
 _NAMES = ("Maya", "Liam", "Aisha", "Kenji", "Sofia", "Omar", "Elena", "Tariq", "Grace", "Mateo")
 
+
 @tool
 def calculate(expression: str) -> str:
     """Evaluate an arithmetic expression and return the result.
@@ -191,10 +192,7 @@ class CalculatorEnv(AgentEnv):
         given = parse_answer(reply.content)
         expected = _arithmetic.format_number(self.answer)
         if given is None:
-            text = (
-                "I could not find 'Answer: <number>' in your reply, so it scores 0. "
-                f"The answer was {expected}."
-            )
+            text = f"I could not find 'Answer: <number>' in your reply, so it scores 0. The answer was {expected}."
             return Feedback([Message("user", text)], 0.0, True, {"success": False, "answer": self.answer})
         success = math.isclose(given, self.answer, rel_tol=1e-6, abs_tol=1e-9)
         text = "Correct!" if success else f"Incorrect: you answered {given:g}, the answer was {expected}."

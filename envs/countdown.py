@@ -94,9 +94,7 @@ class CountdownEnv(AgentEnv):
         except ExpressionError as e:
             return self._grade(f"Your answer {expression!r:.200} is not a valid expression: {e}.", False)
         if sorted(used) != sorted(self.numbers):
-            return self._grade(
-                f"You must use each of {self.numbers} exactly once; your expression uses {used}.", False
-            )
+            return self._grade(f"You must use each of {self.numbers} exactly once; your expression uses {used}.", False)
         if value != self.target:
             return self._grade(f"{expression} = {format_number(value)}, not {self.target}.", False)
         return self._grade(f"Correct: {expression} = {self.target}.", True)

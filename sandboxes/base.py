@@ -110,9 +110,7 @@ class Sandbox(Protocol):
     workdir: str
     limits: SandboxLimits
 
-    def exec(
-        self, command: Command, *, timeout: float | None = None, stdin: str | bytes | None = None
-    ) -> ExecResult:
+    def exec(self, command: Command, *, timeout: float | None = None, stdin: str | bytes | None = None) -> ExecResult:
         """Run ``command`` in the work dir and wait for it (``timeout`` defaults to the limits')."""
         ...
 
@@ -162,4 +160,3 @@ def resolve_in_workdir(workdir: str, path: str) -> str:
             "sandbox files can only be written and read under the work dir (use a relative path)"
         )
     return full
-

@@ -7,7 +7,8 @@
     agentrl sandbox check --backend auto        # start one sandbox, run a command, time it
     agentrl sandbox cleanup                     # remove containers whose owner process is gone
 
-Exit codes: 0 success, 1 the sandbox or the build failed (the message says why and what to do).
+Exit codes: 0 success, 1 the sandbox or the build failed (the message says why and what to do), 2 a usage
+error such as an unknown backend.
 """
 
 from __future__ import annotations
@@ -49,10 +50,14 @@ def build_image_command(
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(1) from exc
     if result.built:
-        console.print(f"built {result.tag} ({result.size_mb:.0f} MB) in {result.seconds:.0f} s: {result.image_id}", soft_wrap=True)
+        console.print(
+            f"built {result.tag} ({result.size_mb:.0f} MB) in {result.seconds:.0f} s: {result.image_id}", soft_wrap=True
+        )
     else:
-        console.print(f"{result.tag} is already present ({result.size_mb:.0f} MB, {result.image_id}); "
-                      "--force rebuilds it", soft_wrap=True)
+        console.print(
+            f"{result.tag} is already present ({result.size_mb:.0f} MB, {result.image_id}); --force rebuilds it",
+            soft_wrap=True,
+        )
 
 
 @sandbox_app.command("check")
@@ -65,7 +70,7 @@ def check_command(
     start = time.perf_counter()
     try:
         sandbox = make_sandbox(backend, image)  # type: ignore[arg-type]
-    except (SandboxError, ValueError) as exc:
+    except SandboxError as exc:  # a bad backend name (ValueError) is a usage error: exit 2, by agentrl's CLI
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(1) from exc
     started = time.perf_counter() - start
@@ -84,8 +89,11 @@ def check_command(
     if not result.ok:
         err_console.print(f"[red]error:[/red] python3 failed in the sandbox: {escape(str(result))}", soft_wrap=True)
         raise typer.Exit(1)
-    console.print(f"{type(sandbox).__name__}: started in {started:.2f} s, python {result.stdout.strip()}, "
-                  f"warm call p50 {statistics.median(timings) * 1000:.1f} ms over {len(timings)} calls", soft_wrap=True)
+    console.print(
+        f"{type(sandbox).__name__}: started in {started:.2f} s, python {result.stdout.strip()}, "
+        f"warm call p50 {statistics.median(timings) * 1000:.1f} ms over {len(timings)} calls",
+        soft_wrap=True,
+    )
 
 
 @sandbox_app.command("cleanup")
@@ -96,5 +104,7 @@ def cleanup_command() -> None:
     except SandboxError as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(1) from exc
-    console.print(f"removed {len(removed)} leaked sandbox container(s)" + (f": {', '.join(removed)}" if removed else ""),
-                  soft_wrap=True)
+    console.print(
+        f"removed {len(removed)} leaked sandbox container(s)" + (f": {', '.join(removed)}" if removed else ""),
+        soft_wrap=True,
+    )

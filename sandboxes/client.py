@@ -222,9 +222,7 @@ class ServerSandbox(ABC):
             raise _ServerDied(reason, oom=oom, timed_out=isinstance(exc, TimeoutError)) from exc
 
     # --- the Sandbox protocol --------------------------------------------------------------------
-    def exec(
-        self, command: Command, *, timeout: float | None = None, stdin: str | bytes | None = None
-    ) -> ExecResult:
+    def exec(self, command: Command, *, timeout: float | None = None, stdin: str | bytes | None = None) -> ExecResult:
         """Run ``command`` in the work dir (see :class:`~agentrl.sandboxes.base.Sandbox`)."""
         argv = argv_of(command)
         timeout = self.limits.timeout if timeout is None else float(timeout)
@@ -253,7 +251,9 @@ class ServerSandbox(ABC):
                     duration=time.monotonic() - start,
                 )
         if not answer.get("ok"):
-            raise SandboxError(f"the exec server failed to run {argv!r}: {answer.get('error')}: {answer.get('message')}")
+            raise SandboxError(
+                f"the exec server failed to run {argv!r}: {answer.get('error')}: {answer.get('message')}"
+            )
         return ExecResult(
             stdout=answer["stdout"],
             stderr=answer["stderr"],

@@ -244,8 +244,9 @@ class DockerSandbox(ServerSandbox):
         runtime: A Docker runtime name (e.g. ``"runsc"`` for gVisor), or None for the default.
     """
 
-    def __init__(self, image: str = DEFAULT_IMAGE, limits: SandboxLimits | None = None, *,
-                 runtime: str | None = None) -> None:
+    def __init__(
+        self, image: str = DEFAULT_IMAGE, limits: SandboxLimits | None = None, *, runtime: str | None = None
+    ) -> None:
         super().__init__(limits or SandboxLimits())
         self.image = image
         self.runtime = runtime
@@ -272,8 +273,13 @@ class DockerSandbox(ServerSandbox):
                 command=self.server_argv("python3"),
                 user=USER,
                 working_dir=self.workdir,
-                environment={"HOME": self.workdir, "PATH": PATH, "LANG": "C.UTF-8",
-                             "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"},
+                environment={
+                    "HOME": self.workdir,
+                    "PATH": PATH,
+                    "LANG": "C.UTF-8",
+                    "PYTHONDONTWRITEBYTECODE": "1",
+                    "PYTHONUNBUFFERED": "1",
+                },
                 network_mode="none",
                 mem_limit=f"{limits.memory_mb}m",
                 memswap_limit=f"{limits.memory_mb}m",
@@ -357,8 +363,12 @@ class DockerSandbox(ServerSandbox):
         except docker.errors.NotFound:
             pass  # already gone, which is what close() wants
         except engine_errors() as exc:
-            logger.warning("sandbox container %s could not be removed (%s); `agentrl sandbox cleanup` "
-                           "removes it once this process has exited", self._name(), exc)
+            logger.warning(
+                "sandbox container %s could not be removed (%s); `agentrl sandbox cleanup` "
+                "removes it once this process has exited",
+                self._name(),
+                exc,
+            )
         self.container = None
 
     def _name(self) -> str:

@@ -30,8 +30,15 @@ SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 PACKAGES = ("python3",)
 CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "agentrl" / "debootstrap"
-TRIM = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt",
-        "var/lib/apt/lists", "var/log")
+TRIM = (
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "var/cache/apt",
+    "var/lib/apt/lists",
+    "var/log",
+)
 """Parts of the root file system a sandbox never needs (emptied, not removed)."""
 IMAGE_LABEL = "org.agentrl.sandbox-image"
 
@@ -131,9 +138,17 @@ def build_image(
     try:
         log(f"debootstrap {suite} (minbase + {', '.join(packages)}) from {mirror} into {rootfs}")
         _run(
-            [debootstrap, "--variant=minbase", f"--include={','.join(packages)}", f"--cache-dir={CACHE_DIR}",
-             suite, str(rootfs), mirror],
-            log, "debootstrap",
+            [
+                debootstrap,
+                "--variant=minbase",
+                f"--include={','.join(packages)}",
+                f"--cache-dir={CACHE_DIR}",
+                suite,
+                str(rootfs),
+                mirror,
+            ],
+            log,
+            "debootstrap",
         )
         for part in TRIM:
             target = rootfs / part

@@ -53,8 +53,15 @@ from agentrl.sandboxes.base import SandboxError, SandboxLimits
 from agentrl.sandboxes.client import ServerGone, ServerSandbox, Transport
 
 NOBODY = 65534
-ETC_FILES = ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime",
-             "/etc/ssl/certs", "/etc/mime.types")
+ETC_FILES = (
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/ssl/certs",
+    "/etc/mime.types",
+)
 """What of the host's ``/etc`` the sandbox sees (read-only): what the dynamic loader and common
 programs need, nothing with secrets."""
 SHM_MB = 64
@@ -81,9 +88,23 @@ def bubblewrap_problem() -> str | None:
         return "/usr/bin/python3 is missing; the local sandbox runs the system Python (apt-get install python3)"
     try:
         probe = subprocess.run(
-            [*_prefix(), bwrap, "--unshare-all", "--ro-bind", "/usr", "/usr", *_usr_links(), "--proc", "/proc",
-             "--dev", "/dev", "/usr/bin/true"],
-            capture_output=True, timeout=30, check=False,
+            [
+                *_prefix(),
+                bwrap,
+                "--unshare-all",
+                "--ro-bind",
+                "/usr",
+                "/usr",
+                *_usr_links(),
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "/usr/bin/true",
+            ],
+            capture_output=True,
+            timeout=30,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap did not run: {exc}"
@@ -276,4 +297,3 @@ class LocalSandbox(ServerSandbox):
 
     def _release(self) -> None:
         self._stop_server()
-

@@ -58,8 +58,12 @@ PIDS_COUNTERS = (
     ("/sys/fs/cgroup/pids/pids.events", "max "),  # cgroup v1
 )
 MEMORY_ERROR_SIGNS = (b"MemoryError", b"Cannot allocate memory", b"std::bad_alloc", b"out of memory")
-FORK_ERROR_SIGNS = (b"Cannot fork", b"fork: retry", b"fork: Resource temporarily unavailable",
-                    b"BlockingIOError: [Errno 11]")
+FORK_ERROR_SIGNS = (
+    b"Cannot fork",
+    b"fork: retry",
+    b"fork: Resource temporarily unavailable",
+    b"BlockingIOError: [Errno 11]",
+)
 CPU_SLACK = 2
 """Seconds of CPU time beyond a command's timeout before RLIMIT_CPU stops it (a backstop for
 processes that leave the command's process group)."""
@@ -132,9 +136,9 @@ def limit_self(config: dict[str, Any]) -> None:
     """Apply the config's rlimits to this server, so that every command inherits them.
 
     Set here once rather than per command: a ``preexec_fn`` makes Python fork instead of vfork
-    (a fork of this process costs ~8 ms on small VMs, vfork + exec ~1 ms), and an exec'd
-    ``prlimit`` trampoline costs ~7 ms. The server lives within them too; it keeps its own memory
-    small by moving files in chunks.
+    (several times the cost of a vfork + exec), and an exec'd ``prlimit`` trampoline costs about
+    as much as the fork (figures in ``benchmarks/README.md``). The server lives within them too; it
+    keeps its own memory small by moving files in chunks.
     """
     for name, value in config.get("rlimits", {}).items():
         resource.setrlimit(getattr(resource, f"RLIMIT_{name.upper()}"), (value, value))
@@ -211,8 +215,17 @@ def op_exec(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
         proc = spawn(config, argv, stdin_data is not None)
     except OSError as exc:
         message = f"agentrl sandbox: cannot run {argv[0]!r}: {exc.strerror or exc}\n"
-        return {"ok": True, "stdout": "", "stderr": message, "exit_code": 127 if exc.errno == errno.ENOENT else 126,
-                "timed_out": False, "oom": False, "pids_limited": False, "duration": time.monotonic() - start, "truncated": False}
+        return {
+            "ok": True,
+            "stdout": "",
+            "stderr": message,
+            "exit_code": 127 if exc.errno == errno.ENOENT else 126,
+            "timed_out": False,
+            "oom": False,
+            "pids_limited": False,
+            "duration": time.monotonic() - start,
+            "truncated": False,
+        }
     STATUSES[proc.pid] = -1
     after_spawn(proc.pid, config, timeout)
     out = Capture(proc.stdout.fileno(), limit)  # type: ignore[union-attr]
@@ -231,8 +244,9 @@ def op_exec(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
             timed_out = True
             break
         readers = {c.fd: c for c in (out, err) if c.open}
-        readable, writable, _ = select.select([*readers, WAKEUP_R], [writer] if writer is not None else [], [],
-                                              remaining)
+        readable, writable, _ = select.select(
+            [*readers, WAKEUP_R], [writer] if writer is not None else [], [], remaining
+        )
         if WAKEUP_R in readable:
             drain_wakeup()
             reap()
@@ -266,8 +280,17 @@ def op_exec(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
     if config.get("infer_from_messages"):
         oom = oom or (exit_code not in (0, None) and any(sign in err.data for sign in MEMORY_ERROR_SIGNS))
         pids_limited = pids_limited or any(sign in err.data for sign in FORK_ERROR_SIGNS)
-    return {"ok": True, "stdout": stdout, "stderr": stderr, "exit_code": exit_code, "timed_out": timed_out,
-            "oom": oom, "pids_limited": pids_limited, "duration": duration, "truncated": cut_out or cut_err}
+    return {
+        "ok": True,
+        "stdout": stdout,
+        "stderr": stderr,
+        "exit_code": exit_code,
+        "timed_out": timed_out,
+        "oom": oom,
+        "pids_limited": pids_limited,
+        "duration": duration,
+        "truncated": cut_out or cut_err,
+    }
 
 
 def grew(before: int | None, after: int | None) -> bool:
@@ -353,8 +376,12 @@ def op_reset(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
         reap()
     left = [name for name in os.listdir("/proc") if name.isdigit() and int(name) != me]
     if left:
-        return {"ok": False, "error": "ProcessLookupError", "errno": 0,
-                "message": f"{len(left)} processes survived SIGKILL for 5 s: {', '.join(left[:10])}"}
+        return {
+            "ok": False,
+            "error": "ProcessLookupError",
+            "errno": 0,
+            "message": f"{len(left)} processes survived SIGKILL for 5 s: {', '.join(left[:10])}",
+        }
     for directory in (config["workdir"], *config.get("scratch", [])):
         if not os.path.isdir(directory):
             continue  # an image without /dev/shm, say
@@ -390,8 +417,12 @@ def serve(config: dict[str, Any]) -> None:
             request = json.loads(body)
             answer = OPS[request["op"]](config, request)
         except Exception as exc:  # noqa: BLE001 - every failure is answered, the server goes on
-            answer = {"ok": False, "error": type(exc).__name__, "errno": getattr(exc, "errno", None) or 0,
-                      "message": str(exc)}
+            answer = {
+                "ok": False,
+                "error": type(exc).__name__,
+                "errno": getattr(exc, "errno", None) or 0,
+                "message": str(exc),
+            }
         data = json.dumps(answer).encode("utf-8")
         write_all(1, HEADER.pack(len(data)) + data)
 

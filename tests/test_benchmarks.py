@@ -100,7 +100,9 @@ def test_the_cached_placeholder_head_gives_the_uncached_deltas(tiny_tokenizer):
         expected = ChatAgent(tiny_tokenizer, [add]).observation_text(messages, turn_closed=False)
         assert agent.observation_text(messages, turn_closed=False) == expected
     # What the head depends on changes after the first render: it is rendered afresh, not trusted.
-    template = tiny_tokenizer.chat_template.replace("{%- for message in turns %}", "{{- stamp }}{%- for message in turns %}")
+    template = tiny_tokenizer.chat_template.replace(
+        "{%- for message in turns %}", "{{- stamp }}{%- for message in turns %}"
+    )
     stamped = ChatAgent(tiny_tokenizer, chat_template=template, chat_template_kwargs={"stamp": "[1]"})
     first = stamped.observation_text(observations[0])
     stamped.chat_template_kwargs["stamp"] = "[22]"
@@ -149,8 +151,13 @@ def test_sandbox_latency_quick_run_prints_its_table(capsys):
     out = capsys.readouterr().out
     assert "p50 ms" in out
     if docker_available(DEFAULT_IMAGE):
-        for row in ("DockerSandbox, warm server", "docker exec (SDK exec_run)", "docker run per call",
-                    "DockerSandboxes in parallel", "docker exec / warm server:"):
+        for row in (
+            "DockerSandbox, warm server",
+            "docker exec (SDK exec_run)",
+            "docker run per call",
+            "DockerSandboxes in parallel",
+            "docker exec / warm server:",
+        ):
             assert row in out
     if bubblewrap_problem() is None:
         for row in ("LocalSandbox, warm server", "bwrap per call", "LocalSandboxes in parallel"):
@@ -163,9 +170,15 @@ def test_trainer_step_quick_run_compares_the_same_work(capsys):
     assert any(line.strip().startswith("python benchmarks/trainer_step.py --quick") for line in head)
     assert load("trainer_step").main(["--quick"]) == 0
     out = capsys.readouterr().out
-    for row in ("single-turn  TRL GRPOTrainer", "single-turn  agentrl Trainer", "multi-turn   TRL GRPOTrainer",
-                "multi-turn   agentrl Trainer", "first-step gradients differ by", "agentrl / TRL, single-turn:",
-                "agentrl / TRL, multi-turn:"):
+    for row in (
+        "single-turn  TRL GRPOTrainer",
+        "single-turn  agentrl Trainer",
+        "multi-turn   TRL GRPOTrainer",
+        "multi-turn   agentrl Trainer",
+        "first-step gradients differ by",
+        "agentrl / TRL, single-turn:",
+        "agentrl / TRL, multi-turn:",
+    ):
         assert row in out
     assert "PROBLEM" not in out
 
@@ -175,4 +188,4 @@ def test_train_async_vs_sync_quick_run_prints_its_table(capsys):
     assert any(line.strip().startswith("python benchmarks/train_async_vs_sync.py --quick") for line in head)
     load("train_async_vs_sync").main(["--quick"])
     out = capsys.readouterr().out
-    assert "sync (max_staleness 0)" in out and "async (max_staleness 2)" in out and "async / sync:" in out
+    assert "async2-wait / sync:" in out and "generated vs trained" in out

@@ -53,7 +53,12 @@ def test_the_backend_table_explains_bad_backends(tiny_tokenizer):
 
 def test_a_config_gives_its_backend_the_options_it_names(tiny_model_dir):
     config = EngineConfig(model=str(tiny_model_dir), backend="vllm", max_length=512, seed=3)
-    assert policy_options(config) == {"dtype": "float32", "max_model_len": 512, "seed": 3, "gpu_memory_utilization": 0.5}
+    assert policy_options(config) == {
+        "dtype": "float32",
+        "max_model_len": 512,
+        "seed": 3,
+        "gpu_memory_utilization": 0.5,
+    }
     assert policy_options(EngineConfig(backend="hf")) == {"dtype": "float32"}
     served = EngineConfig(backend="openai", base_url="http://127.0.0.1:1/v1", served_model_name="m")
     assert policy_options(served) == {"base_url": "http://127.0.0.1:1/v1", "model": "m"}
@@ -87,8 +92,13 @@ def test_one_builder_plays_a_plain_gymnasium_env(tiny_tokenizer):
 
 def test_one_builder_plays_a_multi_agent_env_with_a_policy_per_agent(tiny_tokenizer):
     policies = {agent: ScriptedPolicy(tiny_tokenizer, "I accept.") for agent in ("trader_0", "trader_1")}
-    engine = build_engine("agentrl/Negotiation-v0", policies, mapping="individual", limits=agentrl.rollout.EpisodeLimits(max_turns=2))
-    assert isinstance(engine, MultiAgentRolloutEngine) and engine.roster == {"trader_0": "trader_0", "trader_1": "trader_1"}
+    engine = build_engine(
+        "agentrl/Negotiation-v0", policies, mapping="individual", limits=agentrl.rollout.EpisodeLimits(max_turns=2)
+    )
+    assert isinstance(engine, MultiAgentRolloutEngine) and engine.roster == {
+        "trader_0": "trader_0",
+        "trader_1": "trader_1",
+    }
     trajectories = asyncio.run(engine.collect(num_groups=1))
     assert sorted(t.policy_id for t in trajectories) == ["trader_0", "trader_1"]
     assert all(policy.calls > 0 for policy in policies.values())
@@ -103,7 +113,9 @@ def test_a_policy_id_nobody_serves_is_named(tiny_tokenizer):
 
 def test_rollout_runs_through_the_builder_and_writes_its_trajectories(tiny_model_dir, tiny_tokenizer, tmp_path):
     out = tmp_path / "out.jsonl"
-    config = RolloutConfig(env_id=PLAIN_ID, model=str(tiny_model_dir), backend="hf", episodes=4, group_size=2, out=str(out))
+    config = RolloutConfig(
+        env_id=PLAIN_ID, model=str(tiny_model_dir), backend="hf", episodes=4, group_size=2, out=str(out)
+    )
     with pytest.warns(UserWarning, match="takes no split argument"):
         trajectories, stats = rollout(config, policy=ScriptedPolicy(tiny_tokenizer, "echo"))
     assert len(trajectories) == 4 and stats.successes == 4 and len(list(agentrl.read_jsonl(out))) == 4

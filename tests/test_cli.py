@@ -49,9 +49,7 @@ class Parrot(AgentEnv):
         if reply.tool_calls:
             return self.call_tools(reply)
         won = reply.content.strip() == str(self.secret)
-        return Feedback(
-            [Message("user", "Correct." if won else "Try again.")], reward=float(won), terminated=won
-        )
+        return Feedback([Message("user", "Correct." if won else "Try again.")], reward=float(won), terminated=won)
 
 
 class Unseeded(Parrot):
@@ -326,16 +324,37 @@ USER_ERRORS = {
     "play: rejected kwarg": (lambda p: ["play", "agentrl/Calculator-v0", "-k", "colour=red"], "Could not make"),
     "rollout: unknown env": (rollout_args("rollout", "agentrl/Calculater-v0"), "Did you mean 'agentrl/Calculator-v0'"),
     "rollout: missing model": (rollout_args("rollout", "agentrl/Calculator-v0", "--episodes", "1"), "no-model"),
-    "rollout: bad value": (rollout_args("rollout", "agentrl/Calculator-v0", "temperature=hot"), "RolloutConfig.temperature must be a number, got 'hot'"),
-    "rollout: bad combination": (rollout_args("rollout", "agentrl/Calculator-v0", "episodes=3", "group_size=2"), "episodes 3 is not a multiple of group_size 2"),
-    "rollout: unknown field": (rollout_args("rollout", "agentrl/Calculator-v0", "temprature=0.5"), "Did you mean 'temperature'"),
-    "rollout: missing config": (lambda p: ["rollout", "agentrl/Calculator-v0", "--config", p["missing"]], "Cannot read config"),
-    "rollout: malformed override": (rollout_args("rollout", "agentrl/Calculator-v0", "temperature"), "must look like key=value"),
+    "rollout: bad value": (
+        rollout_args("rollout", "agentrl/Calculator-v0", "temperature=hot"),
+        "RolloutConfig.temperature must be a number, got 'hot'",
+    ),
+    "rollout: bad combination": (
+        rollout_args("rollout", "agentrl/Calculator-v0", "episodes=3", "group_size=2"),
+        "episodes 3 is not a multiple of group_size 2",
+    ),
+    "rollout: unknown field": (
+        rollout_args("rollout", "agentrl/Calculator-v0", "temprature=0.5"),
+        "Did you mean 'temperature'",
+    ),
+    "rollout: missing config": (
+        lambda p: ["rollout", "agentrl/Calculator-v0", "--config", p["missing"]],
+        "Cannot read config",
+    ),
+    "rollout: malformed override": (
+        rollout_args("rollout", "agentrl/Calculator-v0", "temperature"),
+        "must look like key=value",
+    ),
     "eval: unknown env": (rollout_args("eval", "agentrl/Calculater-v0"), "Did you mean 'agentrl/Calculator-v0'"),
     "eval: missing model": (rollout_args("eval", "agentrl/Calculator-v0", "--episodes", "1"), "no-model"),
-    "eval: bad value": (rollout_args("eval", "agentrl/Calculator-v0", "backend=nope"), "RolloutConfig.backend must be one of"),
+    "eval: bad value": (
+        rollout_args("eval", "agentrl/Calculator-v0", "backend=nope"),
+        "RolloutConfig.backend must be one of",
+    ),
     "eval: unknown field": (rollout_args("eval", "agentrl/Calculator-v0", "epsiodes=4"), "Did you mean 'episodes'"),
-    "eval: missing config": (lambda p: ["eval", "agentrl/Calculator-v0", "--config", p["missing"]], "Cannot read config"),
+    "eval: missing config": (
+        lambda p: ["eval", "agentrl/Calculator-v0", "--config", p["missing"]],
+        "Cannot read config",
+    ),
     "eval: malformed override": (rollout_args("eval", "agentrl/Calculator-v0", "=4"), "must look like key=value"),
     "train: unknown env": (train_args("rollout.env_id=agentrl/Calculater-v0"), "Did you mean 'agentrl/Calculator-v0'"),
     "train: missing model": (train_args("steps=1"), "no-model"),
@@ -344,7 +363,10 @@ USER_ERRORS = {
     "train: unknown field": (train_args("trainr.lr=1e-5"), "Did you mean 'trainer'"),
     "train: missing config": (lambda p: ["train", p["missing"]], "Cannot read config"),
     "train: malformed override": (train_args("steps"), "must look like key=value"),
-    "train: failing import": (train_args("imports=[agentrl_no_such_module]"), "imports: cannot import 'agentrl_no_such_module'"),
+    "train: failing import": (
+        train_args("imports=[agentrl_no_such_module]"),
+        "imports: cannot import 'agentrl_no_such_module'",
+    ),
     "plot: missing run dir": (lambda p: ["plot", p["run_dir"]], "No metrics.jsonl"),
     "envs: unknown option": (lambda p: ["envs", "--colour"], "No such option"),
     "sandbox: unknown option": (lambda p: ["sandbox", "check", "--colour"], "No such option"),
@@ -406,9 +428,7 @@ def agentrl_script() -> str:
 
 
 def test_console_script_lists_envs_and_suggests_on_typos():
-    listing = subprocess.run(
-        [agentrl_script(), "envs"], check=False, capture_output=True, text=True, timeout=120
-    )
+    listing = subprocess.run([agentrl_script(), "envs"], check=False, capture_output=True, text=True, timeout=120)
     assert listing.returncode == 0, listing.stderr
     for env_id in (*BUILTIN_IDS, "agentrl/Negotiation-v0"):
         assert env_id in listing.stdout
@@ -439,8 +459,6 @@ def test_human_solves_a_calculator_problem():
     env = agentrl.make("agentrl/Calculator-v0", split="test")
     env.reset(seed=4)
     answer = env.step("Answer: nothing")[4]["answer"]  # the env reveals the answer when it grades
-    result = invoke(
-        "play", "agentrl/Calculator-v0", "--seed", "4", "--split", "test", input=f"Answer: {answer:g}\n\n"
-    )
+    result = invoke("play", "agentrl/Calculator-v0", "--seed", "4", "--split", "test", input=f"Answer: {answer:g}\n\n")
     assert result.exit_code == 0, result.output
     assert "reward 1  terminated True" in result.output

@@ -8,7 +8,12 @@ def test_yaml_then_overrides(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("env_id: agentrl/Countdown-v0\nepisodes: 8\ngroup_size: 4\ntemperature: 0.5\n")
     config = load_config(RolloutConfig, path, ["episodes=16", "backend=hf", "system_prompt=Be brief."])
-    assert (config.env_id, config.episodes, config.group_size, config.temperature) == ("agentrl/Countdown-v0", 16, 4, 0.5)
+    assert (config.env_id, config.episodes, config.group_size, config.temperature) == (
+        "agentrl/Countdown-v0",
+        16,
+        4,
+        0.5,
+    )
     assert (config.backend, config.system_prompt) == ("hf", "Be brief.")
 
 

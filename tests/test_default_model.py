@@ -13,9 +13,28 @@ pytestmark = pytest.mark.slow
 def test_rollout_with_the_default_model_on_vllm(tmp_path):
     out = tmp_path / "calc.jsonl"
     result = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "rollout", "agentrl/Calculator-v0", "--model", "default",
-         "--backend", "vllm", "--episodes", "8", "--group-size", "2", "--out", str(out), "max_tokens=96", "temperature=0.7"],
-        capture_output=True, text=True, timeout=1500,
+        [
+            sys.executable,
+            "-m",
+            "agentrl.cli",
+            "rollout",
+            "agentrl/Calculator-v0",
+            "--model",
+            "default",
+            "--backend",
+            "vllm",
+            "--episodes",
+            "8",
+            "--group-size",
+            "2",
+            "--out",
+            str(out),
+            "max_tokens=96",
+            "temperature=0.7",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "success rate" in result.stdout and "tokens/s" in result.stdout

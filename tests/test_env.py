@@ -38,7 +38,12 @@ class SumEnv(AgentEnv):
 
     def respond(self, reply):
         right = reply.content.strip() == str(self.a + self.b)
-        return Feedback([Message("user", "Right." if right else "Wrong.")], reward=float(right), terminated=True, info={"success": right})
+        return Feedback(
+            [Message("user", "Right." if right else "Wrong.")],
+            reward=float(right),
+            terminated=True,
+            info={"success": right},
+        )
 
 
 def test_agent_env_is_a_gymnasium_env_with_message_spaces():
@@ -60,7 +65,7 @@ def test_seeded_reset_is_deterministic():
 def test_step_accepts_text_and_messages_and_runs_tools():
     env = SumEnv()
     env.reset(seed=1)
-    result = env.step('<tool_call>{"name": "add", "arguments": {"a": %d, "b": %d}}</tool_call>' % (env.a, env.b))
+    result = env.step(f'<tool_call>{{"name": "add", "arguments": {{"a": {env.a}, "b": {env.b}}}}}</tool_call>')
     assert result.observation == [Message("tool", str(env.a + env.b), tool_call_id="call_0", name="add")]
     assert (result.reward, result.terminated, result.truncated) == (0.0, False, False)
     result = env.step(Message("assistant", str(env.a + env.b)))

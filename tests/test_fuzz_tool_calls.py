@@ -143,9 +143,13 @@ json_scalars = (
     | st.floats() | st.text(any_char, max_size=10)
 )  # fmt: skip
 json_values = st.recursive(
-    json_scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=6
+    json_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6,
 )
-arg_names = st.sampled_from(["a", "b", "x", "y", "parts", "sep", "weights", "mood", "times", "text"]) | st.text(max_size=4)
+arg_names = st.sampled_from(["a", "b", "x", "y", "parts", "sep", "weights", "mood", "times", "text"]) | st.text(
+    max_size=4
+)
 calls = st.builds(
     ToolCall,
     name=st.sampled_from([t.name for t in TOOLS] + ["nope", "Add", "ad"]) | st.text(any_char, min_size=1, max_size=8),
@@ -164,7 +168,9 @@ def written_calls(draw: st.DrawFn) -> str:
 
 
 completions = any_text | soup | written_calls()
-fuzz = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+fuzz = settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+)
 
 
 @fuzz
@@ -196,7 +202,11 @@ ADVERSARIAL = {
     "deep double-encoded": '<tool_call>{"name": "add", "arguments": "' + "[" * 5000 + '"}</tool_call>',
     "5000-digit int": '<tool_call>{"name": "add", "arguments": {"a": ' + "9" * 5000 + ', "b": 1}}</tool_call>',
     "400-digit int as float": '<tool_call>{"name": "ratio", "arguments": {"x": 1' + "0" * 400 + "}}</tool_call>",
-    "4000-digit ints summed": '<tool_call>{"name": "add", "arguments": {"a": ' + "9" * 4000 + ', "b": ' + "9" * 4000 + "}}</tool_call>",
+    "4000-digit ints summed": '<tool_call>{"name": "add", "arguments": {"a": '
+    + "9" * 4000
+    + ', "b": '
+    + "9" * 4000
+    + "}}</tool_call>",
     "infinite floats": '<tool_call>{"name": "ratio", "arguments": {"x": 1e999999, "y": -1e999999}}</tool_call>',
     "NaN": '<tool_call>{"name": "ratio", "arguments": {"x": NaN, "y": 0}}</tool_call>',
     "int as float, exact": '<tool_call>{"name": "add", "arguments": {"a": 1e300, "b": 2.0}}</tool_call>',
@@ -213,7 +223,7 @@ ADVERSARIAL = {
     "enum and tuple": '<tool_call>{"name": "feel", "arguments": {"mood": "loud", "times": [1, 2.0]}}</tool_call>',
     "zero division": '<tool_call>{"name": "ratio", "arguments": {"x": 1, "y": 0}}</tool_call>',
     "wrong types": '<tool_call>{"name": "join", "arguments": {"parts": "abc", "sep": 1, "weights": {"a": "b"}}}</tool_call>',
-    "prose with braces": "Sets look like {1, 2} and lists like [1, 2]; a call is {\"name\": ...}.",
+    "prose with braces": 'Sets look like {1, 2} and lists like [1, 2]; a call is {"name": ...}.',
 }
 
 

@@ -218,8 +218,7 @@ def tensorboard_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     accumulator = EventAccumulator(str(log_dir))
     accumulator.Reload()
     return {
-        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)]
-        for tag in accumulator.Tags()["scalars"]
+        tag: [(event.step, event.value) for event in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]
     }
 
 
@@ -293,7 +292,9 @@ def test_wandb_offline_runs_hold_the_metrics(tmp_path, monkeypatch):
         with MetricsLogger(run_dir, wandb=True, wandb_project="agentrl-test", config={"lr": 1e-6}) as logger:
             with pytest.warns(MetricsWarning, match="nan at step 1"):
                 for step in range(3):
-                    logger.log(step, {"rollout/reward_mean": step / 4, "train/loss": float("nan") if step == 1 else 1.0})
+                    logger.log(
+                        step, {"rollout/reward_mean": step / 4, "train/loss": float("nan") if step == 1 else 1.0}
+                    )
         (run_file,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
         records = wandb_records(run_file)
         history = {}

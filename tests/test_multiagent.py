@@ -15,7 +15,6 @@ from pettingzoo.test import api_test, parallel_api_test, parallel_seed_test, see
 
 import agentrl
 from agentrl.agents import ChatAgent
-from agentrl.rollout import TrajectoryBuffer
 from agentrl.checker import GARBAGE_REPLIES
 from agentrl.envs._split import split_of
 from agentrl.envs.negotiation import NegotiationEnv, parse_claim
@@ -29,7 +28,7 @@ from agentrl.multiagent import (
 )
 from agentrl.policies import Sampling
 from agentrl.registry import UnknownEnvError
-from agentrl.rollout import EpisodeLimits
+from agentrl.rollout import EpisodeLimits, TrajectoryBuffer
 from agentrl.testing import ScriptedPolicy
 
 NEGOTIATION = "agentrl/Negotiation-v0"
@@ -65,7 +64,10 @@ def test_mapping_presets_follow_marllib():
     assert [policy_mapping("individual")(a) for a in ids] == ids
     group = policy_mapping("group")
     assert (group("red_tank_12"), group("judge"), group("player2")) == ("red_tank_", "judge", "player2")
-    custom = lambda agent_id: "attack" if agent_id.startswith("adversary") else "defend"
+
+    def custom(agent_id: str) -> str:
+        return "attack" if agent_id.startswith("adversary") else "defend"
+
     assert policy_mapping(custom) is custom
     with pytest.raises(ValueError, match="Unknown policy mapping 'gruop'.*Did you mean 'group'"):
         policy_mapping("gruop")
@@ -170,7 +172,7 @@ def test_garbage_replies_never_raise():
                 while env.agents:
                     env.step({a: rng.choice(replies) for a in env.agents})
             else:
-                for agent in env.agent_iter():
+                for _agent in env.agent_iter():
                     _, _, terminated, truncated, _ = env.last()
                     env.step(None if terminated or truncated else rng.choice(replies))
 

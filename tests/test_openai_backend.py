@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 import agentrl
 from agentrl.agents import ChatAgent
 from agentrl.cli import app
-from agentrl.policies.openai import OpenAIPolicy
 from agentrl.policies import Policy, Sampling
+from agentrl.policies.openai import OpenAIPolicy
 from agentrl.rollout import EpisodeLimits, RolloutEngine
 
 pytestmark = pytest.mark.slow
@@ -136,7 +136,9 @@ def generate_all(policy, prompt, samplings):
 def test_generate_gives_exact_token_ids_and_sampling_logprobs(policy, reference, tiny_model_dir):
     assert isinstance(policy, Policy)
     assert policy.model == str(tiny_model_dir) and policy.max_model_len == 1024 and policy.version == 0
-    text = policy.tokenizer.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True, tokenize=False)
+    text = policy.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True, tokenize=False
+    )
     prompt = policy.tokenizer.encode(text, add_special_tokens=False)
     # With --logprobs-mode processed_logprobs the log-probs are the sampled distribution's: logits / temperature.
     samplings = [Sampling(max_tokens=12, temperature=0.7, seed=seed) for seed in range(4)]
@@ -173,7 +175,9 @@ def test_a_stop_token_ends_the_turn_and_is_kept(policy):
 
 async def requests_running(client: httpx.AsyncClient, server: str) -> float:
     metrics = (await client.get(server.removesuffix("/v1") + "/metrics")).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines() if line.startswith("vllm:num_requests_running{")
+    )
 
 
 async def wait_until(condition, limit: float) -> float:
@@ -281,7 +285,11 @@ def test_a_text_only_server_is_refused_with_the_reason(tiny_tokenizer):
 
 def test_token_ids_spelled_in_the_logprob_entries_are_read(tiny_tokenizer):
     # Older vLLM servers lack return_token_ids but honour return_tokens_as_token_ids.
-    choice = {"text": "", "finish_reason": "stop", "logprobs": {"tokens": ["token_id:7", "token_id:2"], "token_logprobs": [-1.5, -0.25]}}
+    choice = {
+        "text": "",
+        "finish_reason": "stop",
+        "logprobs": {"tokens": ["token_id:7", "token_id:2"], "token_logprobs": [-1.5, -0.25]},
+    }
     policy = OpenAIPolicy("http://mock/v1", tokenizer=tiny_tokenizer, transport=mock_server(choice))
     try:
         assert policy.model == "served"

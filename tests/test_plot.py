@@ -90,7 +90,10 @@ def test_out_may_be_anywhere(tmp_path):
     [
         (None, r"No metrics\.jsonl in .*: expected a run directory written by"),
         ("", r"metrics\.jsonl is empty: the run has not logged any metrics yet"),
-        ('{"step": 0, "time": 1.0, "sandbox/exec_seconds_mean": 0.1}\n', r"holds none of the metrics .* \['sandbox/exec_seconds_mean'\]"),
+        (
+            '{"step": 0, "time": 1.0, "sandbox/exec_seconds_mean": 0.1}\n',
+            r"holds none of the metrics .* \['sandbox/exec_seconds_mean'\]",
+        ),
         ('{"step": 0, "time": 1.0, "train/loss": null}\n', r"holds none of the metrics"),
     ],
 )

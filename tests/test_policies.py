@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch", reason="the policy backends need torch (pip
 
 import agentrl  # noqa: E402
 from agentrl.agents import ChatAgent  # noqa: E402
-from agentrl.policies.hf import HFPolicy  # noqa: E402
 from agentrl.policies import Policy, Sampling  # noqa: E402
+from agentrl.policies.hf import HFPolicy  # noqa: E402
 from agentrl.rollout import EpisodeLimits, RolloutEngine  # noqa: E402
 from agentrl.testing import max_logprob_gap, reference_logprobs, reference_model  # noqa: E402
 from agentrl.types import Trajectory  # noqa: E402
@@ -91,7 +91,9 @@ def test_concurrent_requests_are_batched_and_each_stops_on_its_own(hf_policy):
     generations = asyncio.run(run())
     for i, g in enumerate(generations):
         assert len(g.token_ids) == len(g.logprobs) <= 5 + i
-        assert (g.finish_reason == "length") == (len(g.token_ids) == 5 + i and g.token_ids[-1] not in hf_policy.stop_token_ids)
+        assert (g.finish_reason == "length") == (
+            len(g.token_ids) == 5 + i and g.token_ids[-1] not in hf_policy.stop_token_ids
+        )
 
 
 def test_a_cancelled_request_stops_its_row_and_a_queued_one_is_never_computed(tiny_model_dir):
@@ -135,8 +137,22 @@ def test_rollout_cli_with_the_hf_backend_writes_jsonl(tiny_model_dir, tmp_path):
     out = tmp_path / "out.jsonl"
     result = CliRunner().invoke(
         app,
-        ["rollout", "agentrl/Countdown-v0", "--model", str(tiny_model_dir), "--backend", "hf", "--episodes", "4",
-         "--group-size", "2", "--out", str(out), "max_tokens=16", "max_length=1024"],
+        [
+            "rollout",
+            "agentrl/Countdown-v0",
+            "--model",
+            str(tiny_model_dir),
+            "--backend",
+            "hf",
+            "--episodes",
+            "4",
+            "--group-size",
+            "2",
+            "--out",
+            str(out),
+            "max_tokens=16",
+            "max_length=1024",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "success rate" in result.output and "tokens/s" in result.output
@@ -152,8 +168,21 @@ def test_eval_uses_the_held_out_split_and_bad_configs_exit_2(tiny_model_dir):
 
     from agentrl.cli import app
 
-    result = CliRunner().invoke(app, ["eval", "agentrl/Countdown-v0", "--model", str(tiny_model_dir), "--backend", "hf",
-                                      "--episodes", "2", "max_tokens=8", "max_length=1024"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "agentrl/Countdown-v0",
+            "--model",
+            str(tiny_model_dir),
+            "--backend",
+            "hf",
+            "--episodes",
+            "2",
+            "max_tokens=8",
+            "max_length=1024",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "split test" in result.output
     result = CliRunner().invoke(app, ["rollout", "agentrl/Countdown-v0", "--episodes", "3", "--group-size", "2"])
@@ -170,8 +199,17 @@ def test_the_rollout_example_config_runs_with_a_tiny_budget(tiny_model_dir, tmp_
     assert example.read_text().startswith("# agentrl rollout ")  # the launch command comes first
     out = tmp_path / "out.jsonl"
     config = load_config(
-        RolloutConfig, example,
-        [f"model={tiny_model_dir}", "backend=hf", "episodes=4", "group_size=2", "max_tokens=8", "max_length=1024", f"out={out}"],
+        RolloutConfig,
+        example,
+        [
+            f"model={tiny_model_dir}",
+            "backend=hf",
+            "episodes=4",
+            "group_size=2",
+            "max_tokens=8",
+            "max_length=1024",
+            f"out={out}",
+        ],
     )
     trajectories, stats = rollout(config)
     assert len(trajectories) == 4 and stats.episodes == 4 and out.exists()

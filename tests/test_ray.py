@@ -28,12 +28,15 @@ ray = pytest.importorskip("ray", reason="the distributed rollout needs ray (pip 
 import agentrl  # noqa: E402
 from agentrl import Message  # noqa: E402
 from agentrl.agents import ChatAgent  # noqa: E402
-from agentrl.rollout import TrajectoryBuffer  # noqa: E402
-from agentrl.rollout.ray import DistributedRollout, _runs, _split  # noqa: E402
 from agentrl.multiagent import MultiAgentRolloutEngine, make_multiagent  # noqa: E402
 from agentrl.policies import Sampling  # noqa: E402
 from agentrl.policies.ray_actor import PolicyActor  # noqa: E402
-from agentrl.rollout import EpisodeLimits, RolloutEngine  # noqa: E402
+from agentrl.rollout import (  # noqa: E402
+    EpisodeLimits,
+    RolloutEngine,
+    TrajectoryBuffer,  # noqa: E402
+)
+from agentrl.rollout.ray import DistributedRollout, _runs, _split  # noqa: E402
 from agentrl.run import RolloutConfig, rollout  # noqa: E402
 from agentrl.testing import ScriptedPolicy, max_logprob_gap, reference_model  # noqa: E402
 
@@ -57,7 +60,12 @@ def local_trajectories(tokenizer, num_groups, **engine_kwargs):
 
 def same_episode(a, b):
     return (a.token_ids, a.loss_mask, a.logprobs, a.versions, a.reward, a.messages) == (
-        b.token_ids, b.loss_mask, b.logprobs, b.versions, b.reward, b.messages
+        b.token_ids,
+        b.loss_mask,
+        b.logprobs,
+        b.versions,
+        b.reward,
+        b.messages,
     )
 
 

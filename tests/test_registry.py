@@ -43,7 +43,11 @@ def test_listing_shows_message_envs_only():
 
 @pytest.mark.parametrize(
     "typo, suggestion",
-    [("tests/Helo-v0", "tests/Hello-v0"), ("tests/hello-v0", "tests/Hello-v0"), ("agentrl/Calculater-v0", "agentrl/Calculator-v0")],
+    [
+        ("tests/Helo-v0", "tests/Hello-v0"),
+        ("tests/hello-v0", "tests/Hello-v0"),
+        ("agentrl/Calculater-v0", "agentrl/Calculator-v0"),
+    ],
 )
 def test_unknown_ids_suggest_close_ones(typo, suggestion):
     with pytest.raises(agentrl.UnknownEnvError, match=f"Unknown env '{typo}'. Did you mean .*'{suggestion}'"):

@@ -13,9 +13,8 @@ import pytest
 import agentrl
 from agentrl import AgentEnv, Feedback, Message
 from agentrl.agents import ChatAgent
-from agentrl.rollout import TrajectoryBuffer
 from agentrl.policies import Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine, run_episode
+from agentrl.rollout import EpisodeLimits, RolloutEngine, TrajectoryBuffer, run_episode
 from agentrl.testing import ScriptedPolicy
 
 
@@ -136,7 +135,11 @@ def test_garbage_completions_never_crash_builtin_envs(tiny_tokenizer):
         env_tools = agentrl.make(env_id).tools
         policy = ScriptedPolicy(tiny_tokenizer, garbage)
         engine = RolloutEngine(
-            lambda: agentrl.make(env_id), ChatAgent(tiny_tokenizer, env_tools), policy, env_id=env_id, group_size=2
+            lambda env_id=env_id: agentrl.make(env_id),
+            ChatAgent(tiny_tokenizer, env_tools),
+            policy,
+            env_id=env_id,
+            group_size=2,
         )
         trajectories = asyncio.run(engine.collect(num_groups=4))
         assert len(trajectories) == 8 and all(t.error is None for t in trajectories), env_id

@@ -40,7 +40,7 @@ def test_hermes_unclosed_block_at_the_end_is_read_when_its_json_is_complete():
     # vLLM and most servers drop a `</tool_call>` stop string from the returned text.
     assert calls_of('<tool_call>{"name": "add", "arguments": {"a": 1}}') == [("add", {"a": 1}, None)]
     assert calls_of('<tool_call>{"name": "add", "arguments": {"a": 1}}\n  ') == [("add", {"a": 1}, None)]
-    (_, _, error), = calls_of('<tool_call>{"name": "add", "argu')
+    ((_, _, error),) = calls_of('<tool_call>{"name": "add", "argu')
     assert "not valid JSON" in error and "not closed" in error and "cut off" in error
 
 
@@ -90,16 +90,18 @@ def test_hermes_accepts_double_encoded_arguments_parameters_and_null():
 
 
 def test_huge_numbers_parse_without_raising():
-    (name, arguments, error), = calls_of('<tool_call>{"name": "f", "arguments": {"x": 1e999999, "y": -1e999999}}</tool_call>')
+    ((name, arguments, error),) = calls_of(
+        '<tool_call>{"name": "f", "arguments": {"x": 1e999999, "y": -1e999999}}</tool_call>'
+    )
     assert error is None and arguments == {"x": math.inf, "y": -math.inf}
-    (_, arguments, error), = calls_of('<tool_call>{"name": "f", "arguments": {"x": 1' + "0" * 4000 + "}}</tool_call>")
+    ((_, arguments, error),) = calls_of('<tool_call>{"name": "f", "arguments": {"x": 1' + "0" * 4000 + "}}</tool_call>")
     assert error is None and arguments["x"] == 10**4000
 
 
 def test_lone_surrogate_escapes_become_replacement_characters():
     # json.loads turns "\\ud800" into a lone surrogate, which tokenizers and UTF-8 files refuse.
     text = '<tool_call>{"name": "f\\udc00", "arguments": {"x": "\\ud800 ok \\ud83d\\ude00", "\\udfff": ["\\ud800"]}}</tool_call>'
-    (name, arguments, error), = calls_of(text)
+    ((name, arguments, error),) = calls_of(text)
     assert error is None and name == "f\ufffd"
     assert arguments == {"x": "\ufffd ok 😀", "\ufffd": ["\ufffd"]}
     double = '{"name": "f", "arguments": "{\\"x\\": \\"\\\\ud800\\"}"}'
@@ -118,7 +120,7 @@ def test_tag_spam_gives_one_error_call_per_tag_in_linear_time():
 
 def test_stray_closing_tag_and_prose_mentioning_the_tag():
     assert parse_reply("done </tool_call>") == Message("assistant", "done </tool_call>")
-    (_, _, error), = calls_of("I could use <tool_call> tags here.")
+    ((_, _, error),) = calls_of("I could use <tool_call> tags here.")
     assert error and "not valid JSON" in error
 
 
@@ -128,7 +130,9 @@ def test_stray_closing_tag_and_prose_mentioning_the_tag():
 @pytest.mark.parametrize("format", ["auto", "json"])
 def test_json_bare_object_list_and_fence(format):
     one = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
-    assert parse_reply(one, format) == Message("assistant", "", tool_calls=[ToolCall("add", {"a": 1, "b": 2}, id="call_0")])
+    assert parse_reply(one, format) == Message(
+        "assistant", "", tool_calls=[ToolCall("add", {"a": 1, "b": 2}, id="call_0")]
+    )
     two = f'  [{one}, {{"name": "neg", "parameters": {{"x": 3}}}}]\n'
     assert calls_of(two, format) == [("add", {"a": 1, "b": 2}, None), ("neg", {"x": 3}, None)]
     assert [c.id for c in parse_reply(two, format).tool_calls] == ["call_0", "call_1"]
@@ -148,7 +152,7 @@ def test_json_bare_object_list_and_fence(format):
         '[{"name": "Ada"}, {"name": "Bob"}]',
         "[]",
         "{}",
-        "The call would be {\"name\": ...} but I won't make it.",
+        'The call would be {"name": ...} but I won\'t make it.',
         '{"name" is the key I need}',
         "```" + " " * 50_000 + "x",
     ],

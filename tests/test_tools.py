@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal
 
 import pytest
 
@@ -67,7 +67,7 @@ def everything(
     weights: dict[str, float],
     mode: Literal["fast", "slow"],
     color: Color,
-    maybe: Optional[int],
+    maybe: int | None,
     level: Level = Level.LOW,
     pair: tuple[int, str] = (0, ""),
     scale: float = 1.5,
@@ -128,7 +128,11 @@ def test_schema_of_every_supported_type():
     assert p["text"] == {"type": "string", "description": "Some text, described over two lines."}
     assert p["count"]["type"] == "integer" and p["ratio"]["type"] == "number" and p["flag"]["type"] == "boolean"
     assert p["numbers"] == {"type": "array", "items": {"type": "integer"}, "description": "Some integers."}
-    assert p["weights"] == {"type": "object", "additionalProperties": {"type": "number"}, "description": "A weight per name."}
+    assert p["weights"] == {
+        "type": "object",
+        "additionalProperties": {"type": "number"},
+        "description": "A weight per name.",
+    }
     assert p["mode"] == {"type": "string", "enum": ["fast", "slow"], "description": "How to run."}
     assert p["color"] == {"type": "string", "enum": ["red", "green"], "description": "A colour."}
     assert p["maybe"] == {"type": "integer", "nullable": True, "description": "Perhaps an int."}
@@ -136,7 +140,17 @@ def test_schema_of_every_supported_type():
     assert p["pair"]["prefixItems"] == [{"type": "integer"}, {"type": "string"}] and p["pair"]["default"] == [0, ""]
     assert p["scale"] == {"type": "number", "description": "A factor.", "default": 1.5}
     assert p["note"] == {"type": "string", "nullable": True, "description": "An optional note.", "default": None}
-    assert everything.parameters["required"] == ["text", "count", "ratio", "flag", "numbers", "weights", "mode", "color", "maybe"]
+    assert everything.parameters["required"] == [
+        "text",
+        "count",
+        "ratio",
+        "flag",
+        "numbers",
+        "weights",
+        "mode",
+        "color",
+        "maybe",
+    ]
 
 
 def test_description_is_the_first_paragraph_only():
@@ -188,7 +202,7 @@ def test_annotated_description_and_other_supported_hints():
         anything: Any,
         either: int | str,
         shape: Shape = Shape.SQUARE,
-        items: list = [],
+        items: list = [],  # noqa: B006 - the schema of a mutable default is what is tested
     ) -> str:
         """F."""
         return ""
@@ -290,7 +304,12 @@ def test_check_arguments_coerces_numbers_by_the_documented_rules():
     def f(i: int, x: float, xs: list[int], w: dict[str, float]) -> None:
         """F."""
 
-    assert check_arguments(f, {"i": 2.0, "x": 3, "xs": [1, 2.0], "w": {"a": 1}}) == {"i": 2, "x": 3.0, "xs": [1, 2], "w": {"a": 1.0}}
+    assert check_arguments(f, {"i": 2.0, "x": 3, "xs": [1, 2.0], "w": {"a": 1}}) == {
+        "i": 2,
+        "x": 3.0,
+        "xs": [1, 2],
+        "w": {"a": 1.0},
+    }
     checked = check_arguments(f, {"i": 2.0, "x": 3, "xs": [], "w": {}})
     assert type(checked["i"]) is int and type(checked["x"]) is float
     assert check_arguments(f, {"i": 1e300, "x": float("inf"), "xs": [], "w": {}})["i"] == int(1e300)
@@ -326,7 +345,9 @@ def test_literals_enums_tuples_unions_and_nulls():
     checked = check_arguments(everything, arguments)
     assert checked["color"] is Color.GREEN and checked["level"] is Level.HIGH
     assert checked["pair"] == (1, "x") and checked["maybe"] is None
-    assert json.loads(call_tool({"everything": everything}, ToolCall("everything", arguments)).content)["color"] == "Color"
+    assert (
+        json.loads(call_tool({"everything": everything}, ToolCall("everything", arguments)).content)["color"] == "Color"
+    )
     for bad, expected in [
         ({"mode": "medium"}, "argument 'mode': must be one of ['fast', 'slow'], got \"medium\""),
         ({"color": "RED"}, "argument 'color': must be one of ['red', 'green'], got \"RED\""),
@@ -386,14 +407,36 @@ def test_every_kind_of_bad_call_is_an_error_result(runner):
             return call_tool(tools, call, timeout=5)
         return asyncio.run(acall_tool(tools, call, timeout=5))
 
-    assert_error(run(ToolCall("mul", {}, id="c1")), "unknown_tool", "unknown tool 'mul'; available tools: add, explode, quit_program", "Call one of them")
+    assert_error(
+        run(ToolCall("mul", {}, id="c1")),
+        "unknown_tool",
+        "unknown tool 'mul'; available tools: add, explode, quit_program",
+        "Call one of them",
+    )
     assert_error(run(ToolCall("ad", {})), "unknown_tool", "Did you mean 'add'?")
-    assert_error(run(ToolCall("add", {"a": 1})), "bad_arguments", "missing required argument(s) ['b']", "add takes a (integer), b (integer)")
+    assert_error(
+        run(ToolCall("add", {"a": 1})),
+        "bad_arguments",
+        "missing required argument(s) ['b']",
+        "add takes a (integer), b (integer)",
+    )
     assert_error(run(ToolCall("add", {"a": 1, "b": 2, "c": 3})), "bad_arguments", "unknown argument(s) ['c']")
-    assert_error(run(ToolCall("add", {"a": "one", "b": 2})), "bad_arguments", "argument 'a': expected an integer, got \"one\"", "call it again")
-    assert_error(run(ToolCall("explode", {"reason": "zero"})), "raised", "explode raised ZeroDivisionError: cannot divide: zero")
+    assert_error(
+        run(ToolCall("add", {"a": "one", "b": 2})),
+        "bad_arguments",
+        "argument 'a': expected an integer, got \"one\"",
+        "call it again",
+    )
+    assert_error(
+        run(ToolCall("explode", {"reason": "zero"})), "raised", "explode raised ZeroDivisionError: cannot divide: zero"
+    )
     assert_error(run(ToolCall("quit_program", {})), "raised", "quit_program raised SystemExit: 3")
-    assert_error(run(ToolCall("add", {"a": 1, "b": 2}, error="bad JSON")), "parse", "could not parse the tool call: bad JSON", '"arguments"')
+    assert_error(
+        run(ToolCall("add", {"a": 1, "b": 2}, error="bad JSON")),
+        "parse",
+        "could not parse the tool call: bad JSON",
+        '"arguments"',
+    )
     good = run(ToolCall("add", {"a": 1, "b": 2}, id="c9"))
     assert (good.content, good.error, good.error_kind, good.timed_out) == ("3", None, None, False)
     assert good.to_message() == Message("tool", "3", tool_call_id="c9", name="add")
@@ -612,7 +655,22 @@ def cyclic() -> list[Any]:
         ("snow ☃ \x00 nul", "snow ☃ \x00 nul"),
         (["lone \ud800"], '["lone \ufffd"]'),
     ],
-    ids=["str", "None", "dict", "set", "dataclass", "bytes", "enum", "date", "class", "huge-int", "cycle", "unprintable", "nul", "surrogate"],
+    ids=[
+        "str",
+        "None",
+        "dict",
+        "set",
+        "dataclass",
+        "bytes",
+        "enum",
+        "date",
+        "class",
+        "huge-int",
+        "cycle",
+        "unprintable",
+        "nul",
+        "surrogate",
+    ],
 )
 def test_return_values_of_any_kind_become_text(value, expected):
     @tool
@@ -620,7 +678,10 @@ def test_return_values_of_any_kind_become_text(value, expected):
         """Return the value."""
         return value
 
-    for result in (call_tool({"give": give}, ToolCall("give", {})), call_tool({"give": give}, ToolCall("give", {}), timeout=5)):
+    for result in (
+        call_tool({"give": give}, ToolCall("give", {})),
+        call_tool({"give": give}, ToolCall("give", {}), timeout=5),
+    ):
         assert result.error is None and result.content.startswith(expected)
         assert len(result.content) == len(expected) or isinstance(value, Unprintable)
 

@@ -143,3 +143,29 @@ def test_the_hf_policy_learns_through_the_controller(tiny_model_dir, tmp_path):
 def test_a_greedy_run_is_refused_with_the_reason(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="rollout.temperature must be above 0"):
         _config(tiny_model_dir, tmp_path / "run", "rollout.temperature=0")
+
+
+@pytest.mark.parametrize("stragglers", ["wait", "drop"])
+def test_a_straggling_group_is_waited_for_or_dropped(tiny_model_dir, tiny_tokenizer, tmp_path, stragglers):
+    # Group 0's four episodes take the first four generations, 3 s each; every other one is quick.
+    # With max_staleness 1 and 2 groups a step, group 0 must be in the second batch at the latest:
+    # waiting puts it there; dropping trains the quick groups instead (and drops group 0 once it
+    # finishes, if the run is still going then).
+    delays = [3.0] * 4 + [0.01] * 200
+    config = _config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "max_staleness=1",
+        "steps=4",
+        "rollout.concurrency=16",
+        f"stragglers={stragglers}",
+    )
+    result = train(config, policy=_scripted(tiny_tokenizer, delays))
+
+    state = json.loads(sorted((result.run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    trained = [g for b in _batches(result.run_dir) for g in b["groups"]]
+    assert max(m["train/staleness_max"] for m in _steps(result.run_dir)) <= 1
+    if stragglers == "wait":
+        assert 0 in trained[:4] and state["dropped_groups"] == []
+    else:
+        assert 0 not in trained[:4] and trained[:4] == [1, 2, 3, 4]

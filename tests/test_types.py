@@ -47,7 +47,7 @@ def test_jsonl_holds_one_trajectory_per_line(tmp_path):
 
 def test_read_jsonl_names_the_bad_line(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text(make_trajectory().to_json() + "\n{\"not_a_field\": 1}\n")
+    path.write_text(make_trajectory().to_json() + '\n{"not_a_field": 1}\n')
     with pytest.raises(ValueError, match="bad.jsonl:2"):
         list(read_jsonl(path))
 
@@ -79,8 +79,16 @@ def test_message_rejects_bad_roles_and_content():
 def test_message_dict_matches_chat_template_shape():
     message = Message("assistant", "", tool_calls=[ToolCall("f", {"x": 1}, id="call_0")])
     data = message.to_dict()
-    assert data["tool_calls"][0] == {"type": "function", "id": "call_0", "function": {"name": "f", "arguments": {"x": 1}}}
+    assert data["tool_calls"][0] == {
+        "type": "function",
+        "id": "call_0",
+        "function": {"name": "f", "arguments": {"x": 1}},
+    }
     assert Message.from_dict(data) == message
     # OpenAI sends arguments as a JSON string.
-    openai = {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": "{\"x\": 1}"}}]}
+    openai = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": '{"x": 1}'}}],
+    }
     assert Message.from_dict(openai).tool_calls[0].arguments == {"x": 1}

@@ -9,8 +9,8 @@ import torch
 
 import agentrl
 from agentrl.agents import ChatAgent
-from agentrl.policies.vllm import VLLMPolicy
 from agentrl.policies import Policy, Sampling
+from agentrl.policies.vllm import VLLMPolicy
 from agentrl.rollout import EpisodeLimits, RolloutEngine
 from agentrl.testing import max_logprob_gap, reference_model
 

@@ -128,9 +128,7 @@ def _unpack(packed: torch.Tensor, order: torch.Tensor, mask: torch.Tensor) -> to
 
 def _check_tokens(name: str, tensor: torch.Tensor, mask: torch.Tensor) -> None:
     if tensor.ndim != 2 or tensor.shape != mask.shape:
-        raise ValueError(
-            f"{name} must be [B, T] like mask {tuple(mask.shape)}, got {tuple(tensor.shape)}."
-        )
+        raise ValueError(f"{name} must be [B, T] like mask {tuple(mask.shape)}, got {tuple(tensor.shape)}.")
 
 
 def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, *, gamma: float = 1.0) -> torch.Tensor:

@@ -150,9 +150,7 @@ def aggregate(
     if mode not in LOSS_AGGREGATIONS:
         raise ValueError(f"mode must be one of {sorted(LOSS_AGGREGATIONS)}, got {mode!r}.")
     if values.shape != mask.shape or values.ndim != 2:
-        raise ValueError(
-            f"values and mask must both be [B, T], got {tuple(values.shape)} and {tuple(mask.shape)}."
-        )
+        raise ValueError(f"values and mask must both be [B, T], got {tuple(values.shape)} and {tuple(mask.shape)}.")
     if norm_length is not None and norm_length <= 0:
         raise ValueError(f"norm_length must be positive, got {norm_length}.")
     return LOSS_AGGREGATIONS[mode](values, mask, num_tokens, num_seqs, norm_length)

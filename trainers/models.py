@@ -56,7 +56,9 @@ def load_policy_model(
         model.config.use_cache = False
     layers = _decoder_layers(model)
     if trainable_layers < 0 or trainable_layers > len(layers):
-        raise ValueError(f"trainable_layers must be between 0 (all) and the model's {len(layers)} layers, got {trainable_layers}.")
+        raise ValueError(
+            f"trainable_layers must be between 0 (all) and the model's {len(layers)} layers, got {trainable_layers}."
+        )
     top = list(range(len(layers) - trainable_layers, len(layers))) if trainable_layers else None
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model

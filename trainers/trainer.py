@@ -86,8 +86,8 @@ class TrainerConfig:
     """How per-token losses become one number (Dr. GRPO: seq-mean-token-sum-norm)."""
     norm_length: int = 0
     """seq-mean-token-sum-norm divides each sequence's token sum by this constant (0: the batch's length T; ``agentrl train`` sets max_tokens x max_turns)."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    """GRPO: divide advantages by the group's std, the batch's, or not at all (Dr. GRPO)."""
+    scale_rewards: Literal["group", "batch", "none"] | None = None
+    """GRPO: divide advantages by the group's std, the batch's, or not at all; unset: the algorithm's own (grpo: group, dr_grpo: none)."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (0 = off)."""
     kl_coef: float = 0.0
@@ -119,7 +119,7 @@ class TrainerConfig:
     trainable_layers: int = 0
     """Train only the last N decoder layers and the final norm (0 = all); the backward pass stops there."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, ~30% slower)."""
+    """Recompute activations in the backward pass (less memory, one more forward pass per micro-batch)."""
     seed: int = 0
     """Seed of torch, numpy and random in the trainer."""
 
@@ -250,7 +250,12 @@ class Trainer:
 
         def total(per_token: torch.Tensor) -> torch.Tensor:
             return aggregate(
-                per_token, mask, config.loss_aggregation, num_tokens=num_tokens, num_seqs=num_seqs, norm_length=norm_length
+                per_token,
+                mask,
+                config.loss_aggregation,
+                num_tokens=num_tokens,
+                num_seqs=num_seqs,
+                norm_length=norm_length,
             )
 
         current = generated_logprobs(

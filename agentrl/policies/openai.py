@@ -91,7 +91,9 @@ class OpenAIPolicy:
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         client_options = {
             "headers": {"Authorization": f"Bearer {key}"} if key else {},
-            "timeout": httpx.Timeout(timeout, connect=connect_timeout, pool=None),  # waiting for a free connection is fine
+            "timeout": httpx.Timeout(
+                timeout, connect=connect_timeout, pool=None
+            ),  # waiting for a free connection is fine
             "limits": httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
             "transport": transport,
         }
@@ -209,7 +211,9 @@ class OpenAIPolicy:
         try:
             (choice,) = body["choices"]
         except (KeyError, ValueError, TypeError):
-            raise RuntimeError(f"{self.base_url}/completions answered without exactly one choice: {str(body)[:300]}") from None
+            raise RuntimeError(
+                f"{self.base_url}/completions answered without exactly one choice: {str(body)[:300]}"
+            ) from None
         echoed = choice.get("prompt_token_ids")
         if echoed is not None and list(echoed) != prompt_ids:
             raise RuntimeError(

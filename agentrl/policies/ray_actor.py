@@ -23,7 +23,9 @@ from typing import Any, NamedTuple, cast
 try:
     import ray
 except ImportError as e:  # an optional dependency: say which extra brings it
-    raise ImportError("agentrl.policies.ray_actor needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0.") from e
+    raise ImportError(
+        "agentrl.policies.ray_actor needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0."
+    ) from e
 from ray.actor import ActorHandle
 
 from agentrl.policies.base import Generation, Policy, Sampling

@@ -36,6 +36,8 @@ class BufferStats:
     """Groups closed with fewer than ``group_size`` good trajectories (dropped or kept partial)."""
     failure_causes: dict[str, int] = field(default_factory=dict)
     """Failed trajectories by the first word of their error (the exception type)."""
+    dropped: list[str] = field(default_factory=list)
+    """Ids of the groups dropped (stale, or short of good episodes), in the order they were."""
 
 
 class TrajectoryBuffer:
@@ -96,6 +98,7 @@ class TrajectoryBuffer:
             if not self.keep_partial_groups or not self._pending.get(group_id):
                 self._pending.pop(group_id, None)
                 self._closed.add(group_id)
+                self.stats.dropped.append(group_id)
                 return
         self._release(group_id)
 
@@ -106,10 +109,31 @@ class TrajectoryBuffer:
             del self._ready[group_id]
             self.stats.stale_groups += 1
             self.stats.released_groups -= 1
+            self.stats.dropped.append(group_id)
 
     def ready_groups(self) -> list[list[Trajectory]]:
         """The complete groups waiting for the trainer, oldest completion first (not taken out)."""
         return [list(group) for group in self._ready.values()]
+
+    def state_of(self, group_id: str) -> str:
+        """``"ready"`` (complete, waiting), ``"gone"`` (taken, or dropped: stale, incomplete) or
+        ``"pending"`` (episodes still to come)."""
+        if group_id in self._ready:
+            return "ready"
+        return "gone" if group_id in self._closed else "pending"
+
+    def take(self, group_ids: list[str]) -> list[list[Trajectory]]:
+        """Take the ready groups among ``group_ids``, in that order (the others stay where they are)."""
+        return [self._ready.pop(group_id) for group_id in group_ids if group_id in self._ready]
+
+    async def wait(self, timeout: float) -> None:
+        """Wait until a group is released, or ``timeout`` seconds."""
+        event = self._event()
+        event.clear()
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
 
     def get_nowait(self, num_groups: int) -> list[list[Trajectory]]:
         """Take up to ``num_groups`` ready groups, oldest completion first."""
@@ -122,25 +146,31 @@ class TrajectoryBuffer:
     async def get(self, num_groups: int, timeout: float | None = None) -> list[list[Trajectory]]:
         """Wait until ``num_groups`` groups are ready and take them (fewer if ``timeout`` passes)."""
         loop = asyncio.get_running_loop()
-        if self._changed is None or self._changed_loop is not loop:  # an Event binds to one loop
-            self._changed, self._changed_loop = asyncio.Event(), loop
+        changed = self._event()
         deadline = None if timeout is None else loop.time() + timeout
         while len(self._ready) < num_groups:
-            self._changed.clear()
+            changed.clear()
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 break
             try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except asyncio.TimeoutError:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except TimeoutError:
                 break
         return self.get_nowait(num_groups)
+
+    def _event(self) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        if self._changed is None or self._changed_loop is not loop:  # an Event binds to one loop
+            self._changed, self._changed_loop = asyncio.Event(), loop
+        return self._changed
 
     def _release(self, group_id: str) -> None:
         group = self._pending.pop(group_id, [])
         self._closed.add(group_id)
         if self._is_stale(group):
             self.stats.stale_groups += 1
+            self.stats.dropped.append(group_id)
             return
         self._ready[group_id] = group
         self.stats.released_groups += 1
@@ -152,4 +182,3 @@ class TrajectoryBuffer:
             return False
         versions = [v for t in group for v in t.versions if v >= 0]
         return bool(versions) and self.version - min(versions) > self.max_staleness
-

@@ -38,7 +38,6 @@ from agentrl.rollout.scheduler import EpisodeTask, GroupScheduler, sample_sampli
 from agentrl.threads import ENV_THREADS
 from agentrl.types import Message, Trajectory
 
-
 # --- one episode ------------------------------------------------------------------------------
 
 

@@ -425,9 +425,7 @@ class DistributedRollout:
             strategy = NodeAffinitySchedulingStrategy(node, soft=replacing is not None)
         handle = EnvWorker.options(  # type: ignore[attr-defined]  # ray.remote's class decorator is untyped
             num_cpus=self.num_cpus_per_worker, scheduling_strategy=strategy
-        ).remote(
-            *self._worker_args, **self._worker_kwargs
-        )
+        ).remote(*self._worker_args, **self._worker_kwargs)
         return WorkerInfo(handle, slot)
 
     def _replace_dead(self) -> None:

@@ -19,6 +19,12 @@ here, queries that change nothing (:meth:`StalenessWindow.room`), and updates th
 happened (:meth:`~StalenessWindow.start`, :meth:`~StalenessWindow.trained`,
 :meth:`~StalenessWindow.set_lost`).
 
+The window bounds how many groups start; which groups a batch takes is the other half.
+Taken in the order they complete, a long group keeps being overtaken until it is too stale and
+dropped, so training sees fewer long episodes than were played. :func:`required_groups` says
+which groups the next batch must hold (waiting for them if they still run) so that no group ever
+becomes too stale: every group started is trained on.
+
 >>> window = StalenessWindow(groups_per_step=2, max_staleness=1)
 >>> window.room()
 4
@@ -32,6 +38,7 @@ happened (:meth:`~StalenessWindow.start`, :meth:`~StalenessWindow.trained`,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
@@ -88,3 +95,35 @@ class StalenessWindow:
         if total < self.lost:
             raise ValueError(f"lost groups cannot decrease ({self.lost} -> {total}).")
         self.lost = total
+
+
+def required_groups(
+    starts: Mapping[str, int], version: int, max_staleness: int, groups_per_step: int
+) -> list[tuple[list[str], int]]:
+    """Which groups the next batch must hold so that no group in flight ever becomes too stale.
+
+    ``starts`` maps each group in flight (not yet trained on, not lost) to the policy version it
+    started at; the trainer is at ``version``. The next batch trains weights ``version``; a group
+    started at ``s`` may be trained up to weights ``s + max_staleness``, so with ``B =
+    groups_per_step`` and ``S_j`` the groups started at or before ``version - max_staleness + j``::
+
+        the next batch holds all of S_0, and at least |S_j| - j * B of S_j (j = 1 .. max_staleness)
+
+    (the rest of ``S_j`` fits in the ``j`` batches after it). Returns ``[(S_j oldest first, count),
+    ...]`` for the ``j`` whose count is above zero; every other place in the batch is free. With the
+    window's admission (:class:`StalenessWindow`) the counts never exceed ``B``.
+
+    >>> required_groups({"a": 0, "b": 1, "c": 1, "d": 1}, version=1, max_staleness=1, groups_per_step=2)
+    [(['a'], 1), (['a', 'b', 'c', 'd'], 2)]
+    >>> required_groups({"b": 1, "c": 1, "d": 1}, version=1, max_staleness=1, groups_per_step=2)
+    [(['b', 'c', 'd'], 1)]
+    """
+    order = sorted(starts, key=lambda group_id: starts[group_id])
+    required = []
+    for j in range(max_staleness + 1):
+        last = version - max_staleness + j
+        members = [group_id for group_id in order if starts[group_id] <= last]
+        count = len(members) - j * groups_per_step
+        if count > 0:
+            required.append((members, count))
+    return required

@@ -147,7 +147,8 @@ def _format(value: Any) -> str:
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    # An object whose __call__ is a coroutine function is async too; callable() cannot tell that.
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004
 
 
 def _run_sync(fn: Callable[..., Any], arguments: dict[str, Any], limit: float | None) -> Any:

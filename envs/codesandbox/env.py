@@ -196,7 +196,9 @@ class CodeSandboxEnv(AgentEnv):
             return Feedback(feedback.messages, float(self.grade.success), True, {**info, **self._grade_info("submit")})
         messages = list(feedback.messages)
         if self.max_turns is not None and self.turn == self.max_turns - 1:
-            messages.append(Message("user", "You have one reply left: call submit() in it, or the problem ends unscored."))
+            messages.append(
+                Message("user", "You have one reply left: call submit() in it, or the problem ends unscored.")
+            )
         return Feedback(messages, 0.0, False, info)
 
     def respond(self, reply: Message) -> Feedback:
@@ -277,7 +279,11 @@ class CodeSandboxEnv(AgentEnv):
 
     def _rules(self) -> str:
         example = format_tool_calls(
-            [ToolCall("write_file", {"path": SOLUTION_FILE, "content": "def double(x: int) -> int:\n    return 2 * x\n"})]
+            [
+                ToolCall(
+                    "write_file", {"path": SOLUTION_FILE, "content": "def double(x: int) -> int:\n    return 2 * x\n"}
+                )
+            ]
         )
         turns = f" You have at most {self.max_turns} replies." if self.max_turns else ""
         return (
@@ -290,8 +296,8 @@ class CodeSandboxEnv(AgentEnv):
             "and see its exit code, stdout and stderr;\n"
             "- submit(): grade solution.py with hidden tests and end the problem.\n"
             f"To call a tool, write, for example:\n{example}\n"
-            "Write solution.py, try it with run (for example: python3 -c \"from solution import double; "
-            "print(double(4))\"), fix what fails, then call submit(). A reply without a tool call also "
+            'Write solution.py, try it with run (for example: python3 -c "from solution import double; '
+            'print(double(4))"), fix what fails, then call submit(). A reply without a tool call also '
             "ends the problem, grading solution.py as it stands. Only solution.py is graded, by hidden "
             "tests in a separate clean sandbox, so keep everything it needs in that one file and use the "
             f"standard library only. The reward is 1 if every hidden test passes, else 0.{turns}"

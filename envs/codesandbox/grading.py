@@ -246,7 +246,9 @@ def _outcome(problem: Problem, case: Case, entry: dict[str, Any] | None, case_ti
     if entry is None:
         return CaseOutcome(False, _clip(f"{call} should {want}, but the run ended before it was reported."))
     if entry.get("timed_out"):
-        return CaseOutcome(False, _clip(f"{call} should {want}, but it ran past the limit of {case_timeout:g} s per test."))
+        return CaseOutcome(
+            False, _clip(f"{call} should {want}, but it ran past the limit of {case_timeout:g} s per test.")
+        )
     if "raised" in entry:
         raised = str(entry["raised"])
         if isinstance(case.expected, Raises) and raised == case.expected.error:

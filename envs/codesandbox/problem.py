@@ -77,7 +77,9 @@ class Problem:
                 f"Problem {self.name!r}: the signature must be 'def {self.name}(...) -> ...:', got {self.signature!r}."
             )
         if self.difficulty not in DIFFICULTIES:
-            raise ValueError(f"Problem {self.name!r}: difficulty must be one of {DIFFICULTIES}, got {self.difficulty!r}.")
+            raise ValueError(
+                f"Problem {self.name!r}: difficulty must be one of {DIFFICULTIES}, got {self.difficulty!r}."
+            )
         if not 1 <= self.shown < len(self.cases):
             raise ValueError(
                 f"Problem {self.name!r}: shown must leave hidden cases (1 <= shown < {len(self.cases)}), got {self.shown}."
@@ -102,9 +104,7 @@ class Problem:
         """The problem as the agent reads it: statement, signature and examples."""
         examples = "\n".join(f"    {self.example_text(c)}" for c in self.cases[: self.shown])
         return (
-            f"{self.statement}\n\n"
-            f"Write this function in solution.py:\n\n    {self.signature}\n\n"
-            f"Examples:\n{examples}"
+            f"{self.statement}\n\nWrite this function in solution.py:\n\n    {self.signature}\n\nExamples:\n{examples}"
         )
 
 

@@ -37,11 +37,10 @@ for _problem in PROBLEMS:
         raise ImportError(f"Problem names must be unique; {_problem.name!r} appears twice.")
     BY_NAME[_problem.name] = _problem
 
+
 def problems_of(split: Split, difficulty: Difficulty | None = None) -> tuple[Problem, ...]:
     """The problems of ``split`` (and of ``difficulty``, if given), in catalogue order."""
-    return tuple(
-        p for p in PROBLEMS if split_of(p.key) == split and (difficulty is None or p.difficulty == difficulty)
-    )
+    return tuple(p for p in PROBLEMS if split_of(p.key) == split and (difficulty is None or p.difficulty == difficulty))
 
 
 def get_problem(name: str, choices: Sequence[Problem] = PROBLEMS) -> Problem:

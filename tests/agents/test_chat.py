@@ -49,7 +49,9 @@ def test_multi_turn_episode_is_the_rendered_conversation(agent, tiny_tokenizer):
     ids, logprobs = generate(agent, TOOL_CALL)
     segments.append((builder.length, ids, logprobs, 3))
     reply = builder.add_turn(ids, logprobs, version=3)
-    assert reply == Message("assistant", "Let me compute.", [ToolCall("calculate", {"expression": "2 + 3"}, id="call_0")])
+    assert reply == Message(
+        "assistant", "Let me compute.", [ToolCall("calculate", {"expression": "2 + 3"}, id="call_0")]
+    )
     result = call_tool({"calculate": calculate}, reply.tool_calls[0]).to_message()
     assert result.content == "5"
     builder.add_observation([result])
@@ -67,7 +69,9 @@ def test_multi_turn_episode_is_the_rendered_conversation(agent, tiny_tokenizer):
         {
             "role": "assistant",
             "content": "Let me compute.",
-            "tool_calls": [{"type": "function", "function": {"name": "calculate", "arguments": {"expression": "2 + 3"}}}],
+            "tool_calls": [
+                {"type": "function", "function": {"name": "calculate", "arguments": {"expression": "2 + 3"}}}
+            ],
         },
         {"role": "tool", "content": "5"},
         {"role": "assistant", "content": "The answer is 5."},
@@ -327,7 +331,9 @@ def test_a_differently_shaped_template_works_the_same_way():
     builder = TrajectoryBuilder(agent)
     prompt = builder.start([Message("system", "Be exact."), Message("user", "What is 2 + 3?")])
     assert tokenizer.decode(prompt).count("<|begin_of_text|>") == 1  # no second BOS from encode()
-    reply = builder.add_turn(*generate(agent, '{"name": "calculate", "parameters": {"expression": "2 + 3"}}'), version=0)
+    reply = builder.add_turn(
+        *generate(agent, '{"name": "calculate", "parameters": {"expression": "2 + 3"}}'), version=0
+    )
     assert reply.tool_calls[0].arguments == {"expression": "2 + 3"}
     builder.add_observation([call_tool({"calculate": calculate}, reply.tool_calls[0]).to_message()])
     builder.add_turn(*generate(agent, "5", close=False), version=1)

@@ -13,14 +13,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_chat import LLAMA_STYLE_TEMPLATE, THINKING_TEMPLATE  # this folder is on sys.path (pytest rootdir import)
 from tokenizers import AddedToken
 
 from agentrl import Message, tool
 from agentrl.agents import ChatAgent
 from agentrl.agents.layouts import message_shape
 from agentrl.testing import build_tiny_tokenizer
-
-from test_chat import LLAMA_STYLE_TEMPLATE, THINKING_TEMPLATE  # this folder is on sys.path (pytest rootdir import)
 
 
 @tool
@@ -90,7 +89,7 @@ def test_a_known_shape_is_encoded_without_rendering(agents, monkeypatch):
         agent.observation_ids([Message("user", "warm up")])
         agent.prompt_ids([Message("system", "warm"), Message("user", "up")])
         renders = []
-        monkeypatch.setattr(agent, "_render", lambda *args: renders.append(args))
+        monkeypatch.setattr(agent, "_render", lambda *args, renders=renders: renders.append(args))
         observation = [Message("user", "  Try again, with\n\nmore care. <|im_end|>")]
         prompt = [Message("system", "Answer with a number."), Message("user", "What is 2 + 3?\n")]
         fast = agent.observation_ids(observation), agent.prompt_ids(prompt)

@@ -79,9 +79,17 @@ def test_chat_template_renders_tools_calls_and_results(tiny_tokenizer):
             "role": "assistant",
             "content": "Let me compute.",
             "tool_calls": [
-                {"type": "function", "id": "call_0", "function": {"name": "calculate", "arguments": {"expression": "2 + 3"}}},
+                {
+                    "type": "function",
+                    "id": "call_0",
+                    "function": {"name": "calculate", "arguments": {"expression": "2 + 3"}},
+                },
                 # OpenAI-style arguments arrive as a JSON string and are written as they are.
-                {"type": "function", "id": "call_1", "function": {"name": "calculate", "arguments": '{"expression": "1"}'}},
+                {
+                    "type": "function",
+                    "id": "call_1",
+                    "function": {"name": "calculate", "arguments": '{"expression": "1"}'},
+                },
             ],
         },
         {"role": "tool", "content": "5", "tool_call_id": "call_0"},

@@ -30,7 +30,12 @@ def test_parse_guess(text: str, expected: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "reason"),
-    [("1234", "could not find"), ("Guess: 123", "exactly 4 digits"), ("Guess: 1123", "repeats 1"), ("Guess:", "exactly")],
+    [
+        ("1234", "could not find"),
+        ("Guess: 123", "exactly 4 digits"),
+        ("Guess: 1123", "repeats 1"),
+        ("Guess:", "exactly"),
+    ],
 )
 def test_parse_guess_explains_bad_guesses(text: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):

@@ -148,7 +148,9 @@ class DirSandbox:
     def exec(self, command: Any, *, timeout: float | None = None, stdin: Any = None) -> ExecResult:
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         try:
-            done = subprocess.run(argv, cwd=self.workdir, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+            done = subprocess.run(
+                argv, cwd=self.workdir, input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+            )
         except subprocess.TimeoutExpired:
             return ExecResult("", "", None, timed_out=True)
         return ExecResult(done.stdout, done.stderr, done.returncode)
@@ -237,7 +239,11 @@ def test_a_reply_without_tool_calls_grades_solution_py_as_it_stands(dir_sandboxe
     env.reset(seed=0, options={"problem": name})
     env.step(call("write_file", path="solution.py", content=get_problem(name).reference))
     result = env.step("Done.")
-    assert (result.reward, result.info["success"], result.info["tests_passed"]) == (1.0, True, result.info["tests_total"])
+    assert (result.reward, result.info["success"], result.info["tests_passed"]) == (
+        1.0,
+        True,
+        result.info["tests_total"],
+    )
 
 
 def test_max_turns_warns_then_truncates_unscored(dir_sandboxes: None) -> None:
@@ -270,7 +276,9 @@ def test_bad_submit_calls_do_not_end_the_episode_and_a_second_submit_changes_not
     env.reset(seed=0)
     bad = env.step('<tool_call>{"name": "submit", "arguments": {"no_such_arg": 1}}</tool_call>')
     assert not bad.terminated and bad.observation[0].content.startswith("Error:")
-    result = env.step(calls(("submit", {}), ("write_file", {"path": "solution.py", "content": env.problem.reference}), ("submit", {})))
+    result = env.step(
+        calls(("submit", {}), ("write_file", {"path": "solution.py", "content": env.problem.reference}), ("submit", {}))
+    )
     assert (result.reward, result.terminated) == (0.0, True)
     assert result.observation[0].content == result.observation[2].content  # the same grade twice
     env.close()
@@ -298,7 +306,9 @@ def test_an_env_dropped_without_close_gives_its_sandbox_back(dir_sandboxes: None
     assert pools()["agent"].in_use == 0
 
 
-def test_a_full_pool_makes_reset_wait_and_then_fail_clearly(dir_sandboxes: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_full_pool_makes_reset_wait_and_then_fail_clearly(
+    dir_sandboxes: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(pool_module, "ACQUIRE_TIMEOUT", 0.3)
     first, second = CodeSandboxEnv(pool_size=1), CodeSandboxEnv(pool_size=1)
     first.reset(seed=0)
@@ -559,7 +569,11 @@ def test_concurrent_episodes_overlap_and_abandoned_ones_leave_nothing_behind(bac
     kept.step(call("run", command="sleep 60 > /dev/null 2>&1 &"))
     kept.reset(seed=1)
     count_sleeps = "import os; print(sum(open(f'/proc/{p}/comm').read() == 'sleep\\n' for p in os.listdir('/proc') if p.isdigit()))"
-    assert kept.step(call("run", command=f'python3 -c "{count_sleeps}"')).observation[0].content.startswith("Exit code: 0\nstdout:\n0\n")
+    assert (
+        kept.step(call("run", command=f'python3 -c "{count_sleeps}"'))
+        .observation[0]
+        .content.startswith("Exit code: 0\nstdout:\n0\n")
+    )
     dropped = CodeSandboxEnv(backend=backend)  # type: ignore[arg-type]
     dropped.reset(seed=0)
     del dropped

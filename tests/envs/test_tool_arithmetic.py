@@ -90,7 +90,12 @@ def test_answering_without_calculating_wins_too_the_check_is_the_number() -> Non
     env = ToolArithmeticEnv()
     env.reset(seed=1)
     result = env.step(submit(env.answer))
-    assert (result.reward, result.terminated, result.info["success"], result.info["calculated"]) == (1.0, True, True, False)
+    assert (result.reward, result.terminated, result.info["success"], result.info["calculated"]) == (
+        1.0,
+        True,
+        True,
+        False,
+    )
 
 
 def test_wrong_number_scores_zero_and_ends() -> None:

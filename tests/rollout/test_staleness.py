@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.rollout import StalenessWindow
+from agentrl.rollout.staleness import required_groups
 
 
 def test_capacity_is_one_batch_plus_one_per_staleness_step():
@@ -73,3 +74,54 @@ def test_in_flight_never_exceeds_capacity_over_a_random_run():
             lost += 1
             window.set_lost(lost)
         assert 0 <= window.in_flight <= window.capacity
+
+
+def test_a_batch_must_hold_the_groups_at_the_end_of_their_bound():
+    # k = 1, B = 2: "a" started at version 0 is trained now or never; of the four groups started
+    # at or before version 1, two must come now (the batch after takes the other two).
+    starts = {"a": 0, "b": 1, "c": 1, "d": 1}
+    assert required_groups(starts, version=1, max_staleness=1, groups_per_step=2) == [
+        (["a"], 1),
+        (["a", "b", "c", "d"], 2),
+    ]
+
+
+def test_a_synchronous_batch_must_hold_every_group_in_flight():
+    starts = {"a": 3, "b": 3}
+    assert required_groups(starts, version=3, max_staleness=0, groups_per_step=2) == [(["a", "b"], 2)]
+
+
+def test_nothing_is_required_while_every_group_has_batches_to_spare():
+    assert required_groups({"a": 2, "b": 2}, version=2, max_staleness=2, groups_per_step=2) == []
+
+
+def test_taking_the_required_groups_oldest_first_never_lets_one_go_stale():
+    """A simulation of the controller: groups start whenever the window has room, finish after a
+    random number of steps, and each batch takes the required groups (waiting for them) and then
+    any finished ones. No group is ever trained more than max_staleness versions after it started."""
+    import random
+
+    rng = random.Random(1)
+    for max_staleness in (0, 1, 2, 3):
+        per_step = 3
+        window = StalenessWindow(per_step, max_staleness)
+        version, next_id = 0, 0
+        starts: dict[str, int] = {}
+        done_at: dict[str, int] = {}
+        for _ in range(60):
+            for _ in range(window.room()):
+                group = f"g{next_id}"
+                next_id += 1
+                starts[group], done_at[group] = version, version + rng.choice([0, 0, 0, 1, 3])
+                window.start(1)
+            batch: list[str] = []
+            for members, count in required_groups(starts, version, max_staleness, per_step):
+                have = sum(g in batch for g in members)
+                batch += [g for g in members if g not in batch][: max(0, count - have)]  # waited for
+            finished = sorted((g for g in starts if g not in batch and done_at[g] <= version), key=done_at.get)
+            batch += finished[: per_step - len(batch)]
+            assert len(batch) <= per_step
+            for group in batch:
+                assert version - starts.pop(group) <= max_staleness
+            window.trained(len(batch))
+            version += 1

@@ -68,9 +68,7 @@ def test_a_memory_bomb_is_stopped_and_flagged_oom(sb):
     one_shot = sb.exec(["python3", "-c", "x = bytearray(4 << 30); print('GOT 4 GiB')"], timeout=20)
     assert one_shot.oom and not one_shot.ok, one_shot
     assert "GOT" not in one_shot.stdout
-    creeping = sb.exec(
-        ["python3", "-c", "x = []\nwhile True:\n    x.append(bytearray(16 << 20))"], timeout=20
-    )
+    creeping = sb.exec(["python3", "-c", "x = []\nwhile True:\n    x.append(bytearray(16 << 20))"], timeout=20)
     assert creeping.oom and not creeping.ok and not creeping.timed_out, creeping
     usable_after_reset(sb)
 

@@ -139,7 +139,9 @@ def test_reset_kills_processes_and_empties_the_workdir_and_tmp(sb):
     sb.reset()
     assert sb.exec("ls -A /work /tmp").stdout.split() == ["/tmp:", "/work:"]
     # Only the server and this command's own shell, ls, grep (and its pipe partner) may be there.
-    processes = sb.exec(["python3", "-c", "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"])
+    processes = sb.exec(
+        ["python3", "-c", "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"]
+    )
     assert len(eval(processes.stdout)) <= 2, processes.stdout
 
 

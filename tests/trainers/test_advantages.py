@@ -77,9 +77,7 @@ def test_expand_to_tokens_puts_the_advantage_on_generated_tokens_only():
 # Row 0: prompt, two generated, two observation, two generated, pad. Turn rewards 0.5 at 2 and 1.0
 # at 6; the 7.0 on observation token 3 must be ignored. Row 1: one turn of two tokens, reward -1 at 2.
 MASK = torch.tensor([[0, 1, 1, 0, 0, 1, 1, 0], [0, 1, 1, 0, 0, 0, 0, 0]])
-TOKEN_REWARDS = torch.tensor(
-    [[0.0, 0.0, 0.5, 7.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0]]
-)
+TOKEN_REWARDS = torch.tensor([[0.0, 0.0, 0.5, 7.0, 0.0, 0.0, 1.0, 0.0], [0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
 
 
 def test_discounted_returns_skip_observation_tokens():
@@ -108,9 +106,7 @@ def test_masked_whiten_of_constant_values_is_zero_not_nan():
 
 # Values at generated positions: row 0 V1 .2, V2 .4, V5 .6, V6 .8; row 1 V1 .5, V2 -.5. The 9.0 on
 # other positions must never be read.
-VALUES = torch.tensor(
-    [[9.0, 0.2, 0.4, 9.0, 9.0, 0.6, 0.8, 9.0], [9.0, 0.5, -0.5, 9.0, 9.0, 9.0, 9.0, 9.0]]
-)
+VALUES = torch.tensor([[9.0, 0.2, 0.4, 9.0, 9.0, 0.6, 0.8, 9.0], [9.0, 0.5, -0.5, 9.0, 9.0, 9.0, 9.0, 9.0]])
 
 
 def test_gae_runs_over_generated_tokens_with_a_zero_value_after_the_last():

@@ -189,7 +189,11 @@ def test_kill_9_and_resume_loses_and_repeats_no_batch(tiny_model_dir, tmp_path):
     assert checkpoints, "no checkpoint before the kill"
     resumed_from = int(checkpoints[-1].name.split("-")[1])
     controller = json.loads((checkpoints[-1] / "controller.json").read_text())
-    buffered = {json.loads(line)["group_id"] for line in (checkpoints[-1] / "buffer.jsonl").read_text().splitlines() if line.strip()}
+    buffered = {
+        json.loads(line)["group_id"]
+        for line in (checkpoints[-1] / "buffer.jsonl").read_text().splitlines()
+        if line.strip()
+    }
     assert len(before_kill) >= 5 > resumed_from - 1
 
     process = _start(config_path)

@@ -111,10 +111,23 @@ def test_a_step_changes_the_weights_and_the_engine_copy(tiny_model_dir, trajecto
     after = dict(inference_state_dict(trainer.model))
     assert "lm_head.weight" in after  # the tied head goes to the engine under its own name
     assert any(not torch.equal(before[n], after[n]) for n in before)
-    for name in ("train/loss", "train/policy_loss", "train/entropy", "train/grad_norm", "train/clip_fraction", "train/lr"):
+    for name in (
+        "train/loss",
+        "train/policy_loss",
+        "train/entropy",
+        "train/grad_norm",
+        "train/clip_fraction",
+        "train/lr",
+    ):
         assert name in metrics and metrics[name] == metrics[name], name
     assert metrics["train/entropy"] > 0
     assert trainer.step_count == 1
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])
+def test_every_critic_free_algorithm_steps_with_its_default_settings(tiny_model_dir, trajectories, algorithm):
+    metrics = _trainer(tiny_model_dir, algorithm=algorithm).step(trajectories)
+    assert metrics["train/loss"] == metrics["train/loss"]  # not NaN
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
@@ -181,7 +194,9 @@ def test_a_value_model_goes_only_with_ppo(tiny_model_dir):
 
 def test_kl_to_the_reference_is_zero_at_the_start(tiny_model_dir, trajectories):
     config = TrainerConfig(lr=1e-2, micro_batch_size=16, kl_coef=0.1)
-    trainer = Trainer(load_policy_model(tiny_model_dir), config, pad_token_id=0, ref_model=load_reference_model(tiny_model_dir))
+    trainer = Trainer(
+        load_policy_model(tiny_model_dir), config, pad_token_id=0, ref_model=load_reference_model(tiny_model_dir)
+    )
     assert trainer.step(trajectories)["train/kl"] == pytest.approx(0.0, abs=1e-6)
     assert trainer.step(trajectories)["train/kl"] > 1e-6  # the policy moved away from the reference
     with pytest.raises(ValueError, match="needs a reference model"):
@@ -264,7 +279,6 @@ def test_two_gloo_processes_equal_one(tiny_model_dir, trajectories, tmp_path):
     # differences of tiny gradient entries into differences of 2 lr)
 
 
-
 def test_trainable_layers_freeze_everything_below(tiny_model_dir, trajectories):
     model = load_policy_model(tiny_model_dir, trainable_layers=1)
     layers = model.config.num_hidden_layers
@@ -285,8 +299,10 @@ def test_a_groups_shared_prompt_runs_once_with_the_same_results(tiny_model_dir):
     prompt = torch.randint(3, 1000, (20,), generator=generator)
     other = prompt.clone()
     other[15] = 7  # a group whose rows part ways inside the prompt shares only what is common
-    rows = [torch.cat([p, torch.randint(3, 1000, (n,), generator=generator)]) for p, n in
-            [(prompt, 5), (prompt, 9), (prompt, 3), (prompt, 7), (other, 6), (prompt, 6), (prompt, 4)]]
+    rows = [
+        torch.cat([p, torch.randint(3, 1000, (n,), generator=generator)])
+        for p, n in [(prompt, 5), (prompt, 9), (prompt, 3), (prompt, 7), (other, 6), (prompt, 6), (prompt, 4)]
+    ]
     width = max(len(r) for r in rows)
     ids = torch.zeros(len(rows), width, dtype=torch.long)
     attention = torch.zeros_like(ids)
