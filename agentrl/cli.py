@@ -82,7 +82,11 @@ class CleanErrors(typer.core.TyperGroup):
         except (*USAGE_ERRORS, *RUN_ERRORS) as e:
             if os.environ.get("AGENTRL_TRACEBACK"):
                 raise
-            fail(error_message(e), code=2 if isinstance(e, USAGE_ERRORS) else 1)
+            message = error_message(e)
+            if not isinstance(e, (agentrl.UnknownEnvError, ConfigError)):
+                # A ValueError may also come from a bug deep in a run: say how to see where it was raised.
+                message += " (AGENTRL_TRACEBACK=1 shows where it was raised.)"
+            fail(message, code=2 if isinstance(e, USAGE_ERRORS) else 1)
 
 
 def error_message(error: BaseException) -> str:

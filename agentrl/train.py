@@ -61,7 +61,7 @@ from agentrl.registry import spec
 from agentrl.rollout import RolloutEngine, RolloutStats, StalenessWindow, TrajectoryBuffer
 from agentrl.rollout.staleness import required_groups
 from agentrl.trainers.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from agentrl.trainers.models import ValueModel, load_policy_model, load_reference_model, save_pretrained
+from agentrl.trainers.models import ValueModel, load_policy_model, load_reference_model, pad_token_id, save_pretrained
 from agentrl.trainers.trainer import Trainer, TrainerConfig
 from agentrl.types import Trajectory
 
@@ -207,8 +207,10 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
             else make_policy(config.rollout)
         )
     try:
-        trainer = build_trainer(model_path, config.trainer_settings(), device=config.device, dtype=config.rollout.dtype,
-                                pad_token_id=_pad_id(policy.tokenizer))  # fmt: skip
+        trainer_config = config.trainer_settings()
+        trainer = build_trainer(
+            model_path, trainer_config, policy.tokenizer, device=config.device, dtype=config.rollout.dtype
+        )
         state, buffered = ControllerState(), []
         if checkpoints:
             trainer_state, controller_state, buffered = load_checkpoint(checkpoints[-1])
@@ -238,10 +240,11 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
 
 
 def build_trainer(
-    model_path: str, config: TrainerConfig, *, device: str = "cpu", dtype: str = "float32", pad_token_id: int
+    model_path: str, config: TrainerConfig, tokenizer: Any, *, device: str = "cpu", dtype: str = "float32"
 ) -> Trainer:
-    """The :class:`~agentrl.trainers.trainer.Trainer` of ``config`` on the model at ``model_path``,
-    with a reference model when ``config.kl_coef`` > 0 and a value model for PPO."""
+    """The :class:`~agentrl.trainers.trainer.Trainer` of ``config`` on the model at ``model_path``
+    (padding with ``tokenizer``'s pad id), with a reference model when ``config.kl_coef`` > 0 and a
+    value model for PPO."""
     model = load_policy_model(
         model_path,
         dtype=dtype,
@@ -253,7 +256,7 @@ def build_trainer(
     )
     ref_model = load_reference_model(model_path, device=device) if config.kl_coef > 0 else None
     value_model = ValueModel(model_path, device=device) if config.algorithm == "ppo" else None
-    return Trainer(model, config, pad_token_id=pad_token_id, ref_model=ref_model, value_model=value_model)
+    return Trainer(model, config, pad_token_id=pad_token_id(tokenizer), ref_model=ref_model, value_model=value_model)
 
 
 @dataclass
@@ -551,13 +554,6 @@ def _append_json(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
         handle.flush()
-
-
-def _pad_id(tokenizer: Any) -> int:
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    if pad is None:
-        raise ValueError("The tokenizer has neither a pad token nor an end-of-sequence token to pad batches with.")
-    return int(pad)
 
 
 def _plot(run_dir: Path) -> Path | None:

@@ -30,7 +30,7 @@ from agentrl.agents import ChatAgent
 from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy, Sampling, make_policy
 from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutStats, TrajectoryBuffer
-from agentrl.trainers import Trainer, TrainerConfig, load_policy_model
+from agentrl.trainers import Trainer, TrainerConfig, load_policy_model, pad_token_id
 
 # The quickstart's numbers (examples/quickstart.yaml).
 ENV_ID = "agentrl/ToolArithmetic-v0"
@@ -126,9 +126,7 @@ async def main(args: argparse.Namespace) -> None:
         norm_length=MAX_TOKENS * MAX_TURNS,  # Dr. GRPO's constant, if you switch algorithm="dr_grpo"
         seed=args.seed,
     )
-    tokenizer = policy.tokenizer
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    trainer = Trainer(model, config, pad_token_id=pad_id)
+    trainer = Trainer(model, config, pad_token_id=pad_token_id(policy.tokenizer))
     start = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
 
     try:

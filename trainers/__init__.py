@@ -32,7 +32,13 @@ from agentrl.trainers.losses import (
     policy_loss,
     value_loss,
 )
-from agentrl.trainers.models import ValueModel, generated_logprobs, inference_state_dict, load_policy_model
+from agentrl.trainers.models import (
+    ValueModel,
+    generated_logprobs,
+    inference_state_dict,
+    load_policy_model,
+    pad_token_id,
+)
 from agentrl.trainers.trainer import Trainer, TrainerConfig
 
 __all__ = [
@@ -57,6 +63,7 @@ __all__ = [
     "load_checkpoint",
     "load_policy_model",
     "masked_whiten",
+    "pad_token_id",
     "policy_loss",
     "reinforce_pp_advantages",
     "rloo_advantages",

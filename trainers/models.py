@@ -242,6 +242,14 @@ def inference_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]
     yield from ((name, tensor.detach()) for name, tensor in model.state_dict().items())
 
 
+def pad_token_id(tokenizer: Any) -> int:
+    """The id batches are padded with: the tokenizer's pad token, else its end-of-sequence token."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if pad is None:
+        raise ValueError("The tokenizer has neither a pad token nor an end-of-sequence token to pad batches with.")
+    return int(pad)
+
+
 def save_pretrained(model: nn.Module, tokenizer: Any, out: str | Path) -> Path:
     """Export a plain transformers checkpoint (LoRA merged) that transformers and vLLM load."""
     out = Path(out)

@@ -42,7 +42,7 @@ def _openai(path: str | None, **options: Any) -> Policy:
 def _scripted(path: str | None, **options: Any) -> Policy:
     from transformers import AutoTokenizer  # heavy; only this backend needs it here
 
-    from agentrl.testing import ScriptedPolicy  # test helpers stay out of the library's import graph
+    from agentrl.testing import ScriptedPolicy  # with transformers: only this backend needs either
 
     return ScriptedPolicy(AutoTokenizer.from_pretrained(_needs(path, "scripted")), **options)
 

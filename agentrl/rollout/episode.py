@@ -275,6 +275,8 @@ class RolloutEngine(GroupScheduler[AgentEnv]):
         self.sampling = sampling
         self.limits = limits
         self.policy_id = policy_id
+        self.roster = {"agent": policy_id}
+        """``{agent_id: policy_id}`` of the one agent, as a multi-agent engine's roster."""
         super().__init__(
             lambda: as_agent_env(make_env()),
             self.play_episode,

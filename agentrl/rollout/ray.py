@@ -140,7 +140,7 @@ class EnvWorker:
             seed=seed,
             policy_id=policy_id,
         )
-        self._roster = dict(getattr(self.engine, "roster", {"agent": policy_id}))
+        self._roster = dict(self.engine.roster)
 
     async def run(self, first_group: int, num_groups: int) -> AsyncIterator[list[Trajectory]]:
         """Play groups ``first_group`` to ``first_group + num_groups - 1``; yield each episode's
