@@ -8,7 +8,8 @@ from agentrl.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLim
 from agentrl.sandboxes.docker import DEFAULT_IMAGE, DockerSandbox, docker_available, remove_leaked_containers
 from agentrl.sandboxes.local import LocalSandbox, bubblewrap_available
 from agentrl.sandboxes.make import SandboxSpec, make_sandbox
-from agentrl.sandboxes.pool import Lease, PoolStats, SandboxPool, close_pools, shared_pool
+from agentrl.sandboxes.pool import PoolStats, SandboxPool
+from agentrl.sandboxes.shared import Lease, close_pools, shared_pool
 
 __all__ = [
     "DEFAULT_IMAGE",

@@ -13,11 +13,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import pytest
 
 import agentrl
 from agentrl.config import load_config
-from agentrl.env import AgentEnv, Feedback
+from agentrl.env import AgentEnv, Feedback, MessagesSpace, ReplySpace
 from agentrl.metrics import read_metrics
 from agentrl.testing import ScriptedPolicy
 from agentrl.train import TrainConfig, train
@@ -169,3 +170,47 @@ def test_a_straggling_group_is_waited_for_or_dropped(tiny_model_dir, tiny_tokeni
         assert 0 in trained[:4] and state["dropped_groups"] == []
     else:
         assert 0 not in trained[:4] and trained[:4] == [1, 2, 3, 4]
+
+
+class PlainSayB(gym.Env):
+    """Say b, written the plain gymnasium way: messages in, a Message reply out."""
+
+    observation_space = MessagesSpace()
+    action_space = ReplySpace()
+
+    def __init__(self, split: str = "train"):
+        self.split = split
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        return [Message("user", "Say b")], {}
+
+    def step(self, action: Message) -> Any:
+        share = action.content.count("b") / max(len(action.content), 1)
+        return [], share, True, False, {"success": share >= 0.5}
+
+
+class OverridingSayB(AgentEnv):
+    """Say b, an AgentEnv that overrides reset and step as gymnasium users do."""
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
+        super().reset(seed=seed)
+        return [Message("user", "Say b")], {}
+
+    def step(self, action: Any) -> Any:
+        reply = self.parse_reply(action)
+        share = reply.content.count("b") / max(len(reply.content), 1)
+        return [], share, True, False, {"success": share >= 0.5}
+
+
+for _id, _entry in (("tests/PlainSayB-v0", PlainSayB), ("tests/OverridingSayB-v0", OverridingSayB)):
+    if _id not in gym.registry:
+        gym.register(_id, entry_point=_entry)
+
+
+@pytest.mark.parametrize("env_id", ["tests/PlainSayB-v0", "tests/OverridingSayB-v0"])
+def test_envs_written_the_gymnasium_way_train_and_evaluate(tiny_model_dir, tiny_tokenizer, tmp_path, env_id):
+    config = _config(tiny_model_dir, tmp_path / "run", f"rollout.env_id={env_id}", "steps=2", "eval_episodes=4")
+    result = train(config, policy=_scripted(tiny_tokenizer))
+    assert result.steps == 2 and result.eval_before["eval/episodes"] == 4 and result.eval_after["eval/failed"] == 0
+    assert [m["train/policy_version"] for m in _steps(result.run_dir)] == [2.0, 3.0]

@@ -11,7 +11,7 @@ from agentrl.envs.codesandbox.env import CodeSandboxEnv
 from agentrl.envs.codesandbox.grading import Grade, grade_many, grade_source
 from agentrl.envs.codesandbox.problem import Case, Problem, Raises
 from agentrl.envs.codesandbox.problems import PROBLEMS, get_problem, problems_of
-from agentrl.sandboxes.pool import close_pools
+from agentrl.sandboxes.shared import close_pools
 
 __all__ = [
     "PROBLEMS",

@@ -54,7 +54,7 @@ from agentrl.envs.codesandbox.problems import get_problem, problems_of
 from agentrl.registry import register
 from agentrl.sandboxes.base import ExecResult, Sandbox, SandboxLimits
 from agentrl.sandboxes.make import BACKENDS, Backend, SandboxSpec
-from agentrl.sandboxes.pool import Lease, shared_pool
+from agentrl.sandboxes.shared import Lease, shared_pool
 from agentrl.suggest import did_you_mean
 from agentrl.tool_calls import format_tool_calls
 from agentrl.tools import ToolResult

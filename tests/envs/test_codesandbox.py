@@ -31,6 +31,7 @@ from agentrl.envs.codesandbox.grading import judge, matches
 from agentrl.envs.codesandbox.problem import Raises
 from agentrl.sandboxes import DEFAULT_IMAGE, SandboxPool, SandboxSpec, docker_available
 from agentrl.sandboxes import pool as pool_module
+from agentrl.sandboxes import shared as shared_module
 from agentrl.sandboxes.base import ExecResult, SandboxError, SandboxLimits, resolve_in_workdir
 from agentrl.sandboxes.docker import OWNER_LABEL, docker_client, owner_label
 from agentrl.sandboxes.local import bubblewrap_problem
@@ -194,7 +195,7 @@ def dir_sandboxes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def pools() -> dict[str, SandboxPool]:
-    return {role: p for (_, role), p in pool_module.shared_pools().items()}
+    return {role: p for (_, role), p in shared_module.shared_pools().items()}
 
 
 def eventually(condition: Callable[[], bool], seconds: float = 10.0) -> bool:

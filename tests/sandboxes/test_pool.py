@@ -30,7 +30,7 @@ from agentrl.sandboxes import (
     shared_pool,
 )
 from agentrl.sandboxes.base import ExecResult
-from agentrl.sandboxes.pool import shared_pools
+from agentrl.sandboxes.shared import shared_pools
 
 
 class FakeSandbox:
