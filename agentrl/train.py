@@ -318,9 +318,9 @@ class Controller:
         self.group_numbers = {engine.group_id(n): n for n in range(state.next_group)}
         # The policy version each group in flight started at (a buffered group: its oldest token's).
         self.start_versions = {
-            self.group_numbers[group[0].group_id]: min((v for t in group for v in t.versions if v >= 0), default=policy.version)
+            self.group_numbers[group[0].group_id]: _oldest_version(group, policy.version)
             for group in self.buffer.ready_groups()
-        }  # fmt: skip
+        }
         self.window = StalenessWindow(config.groups_per_step, config.max_staleness, started=len(self.buffer))
         self._lost_before = state.lost_groups  # lost in earlier sessions of this run
         self._dropped_before = len(state.dropped_groups)
@@ -361,6 +361,7 @@ class Controller:
             await asyncio.gather(*draining, return_exceptions=True)
 
     def _take(self, room: int) -> list[int]:
+        """The numbers of the next ``room`` groups to start, each noted with the version it starts at."""
         chunk = self.replay[:room]
         del self.replay[: len(chunk)]
         while len(chunk) < room:
@@ -421,7 +422,9 @@ class Controller:
         self.window.set_lost(lost)
         self.state.lost_groups = self._lost_before + lost
         for group_id in stats.dropped[len(self.state.dropped_groups) - self._dropped_before :]:
-            self.state.dropped_groups.append(self.group_numbers[group_id])
+            number = self.group_numbers[group_id]
+            self.state.dropped_groups.append(number)
+            self.start_versions.pop(number, None)
         async with self.changed:
             self.changed.notify_all()
 
@@ -548,6 +551,11 @@ class _RaySession:
             ray.kill(self.actor)
         if self.own_ray:
             ray.shutdown()
+
+
+def _oldest_version(group: list[Trajectory], default: int) -> int:
+    """The policy version of the oldest generated token of ``group``."""
+    return min((v for t in group for v in t.versions if v >= 0), default=default)
 
 
 def _append_json(path: Path, record: dict[str, Any]) -> None:
