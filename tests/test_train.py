@@ -193,6 +193,10 @@ class PlainSayB(gym.Env):
 class OverridingSayB(AgentEnv):
     """Say b, an AgentEnv that overrides reset and step as gymnasium users do."""
 
+    def __init__(self, split: str = "train"):
+        super().__init__()
+        self.split = split
+
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         super().reset(seed=seed)
         return [Message("user", "Say b")], {}
