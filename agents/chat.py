@@ -22,6 +22,11 @@ with their contents in place. A shape whose rendering does not place the content
 where the fast path disagrees with the full one on probe contents, is always rendered in full
 (see :mod:`agentrl.agents.layouts`).
 
+Contents never become control tokens: a special-token string inside a message (a tool result that
+prints ``<|im_end|>``) is encoded as its text, whichever path renders it, while the template's own
+special tokens stay control ids (:mod:`agentrl.agents.guard`). Messages holding one take the full
+path; the model's generated ids are never re-encoded at all.
+
 >>> from agentrl.testing import build_tiny_tokenizer
 >>> agent = ChatAgent(build_tiny_tokenizer())
 >>> prompt = agent.prompt_ids([Message("user", "What is 2 + 3?")])
@@ -49,11 +54,13 @@ Llama 3, Mistral, Gemma, Phi) and checked where they can be:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from agentrl.agents.guard import SpecialTextGuard
 from agentrl.agents.layouts import MAX_LAYOUTS, Layout, compile_layout, message_shape
 from agentrl.tool_calls import TOOL_FORMATS, ToolFormat, parse_reply
 from agentrl.tools import Tool, as_tool
@@ -131,6 +138,8 @@ class ChatAgent:
         self.end_of_turn_ids: list[int] = self.encode(self.end_of_turn)
         if not self.end_of_turn_ids:
             raise ValueError("end_of_turn must be a non-empty text.")
+        #: Keeps special-token strings in contents as text (see :mod:`agentrl.agents.guard`).
+        self.guard = SpecialTextGuard(tokenizer)
         # The placeholder question rendered alone, kept between observation_text calls (see there).
         self._head_text: str | None = None
         # Layouts by message shape (see Layout), and what they were rendered with: the settings
@@ -186,7 +195,12 @@ class ChatAgent:
         """Token ids of the first prompt: the system prompt, ``messages``, tools and the generation
         prompt, rendered by the chat template and encoded once (exactly
         ``encode(render(conversation(messages), add_generation_prompt=True))``, from the layout of
-        the messages' shape when it has one)."""
+        the messages' shape when it has one), except that special-token strings in the contents are
+        encoded as text."""
+        conversation = self.conversation(messages)
+        if any(self.guard.needs(m.content) for m in conversation):
+            marked = [self._marked(m) for m in conversation]
+            return self.guard.encode(self.render(marked, add_generation_prompt=True), self.encode)
         layout = self._layout("prompt", messages, True)
         if layout is not None:
             ids = layout.ids([m.content for m in messages])
@@ -254,8 +268,11 @@ class ChatAgent:
         ``turn_closed`` says whether the generated ids ended with :attr:`end_of_turn_ids`
         (see :meth:`ends_turn`); when not, the end-of-turn token is inserted first. The result is
         exactly ``encode(observation_text(...))``, taken from the layout of the messages' shape
-        when it has one.
+        when it has one, except that special-token strings in the contents are encoded as text.
         """
+        if any(self.guard.needs(m.content) for m in messages):
+            marked = [self._marked(m) for m in messages]
+            return self.guard.encode(self.observation_text(marked, turn_closed=turn_closed), self.encode)
         layout = self._layout("observation", messages, turn_closed)
         if layout is not None:
             ids = layout.ids([m.content for m in messages])
@@ -284,6 +301,9 @@ class ChatAgent:
         return parse_reply(completion_text, self.tool_format)
 
     # --- internals ------------------------------------------------------------------------------
+
+    def _marked(self, message: Message) -> Message:
+        return dataclasses.replace(message, content=self.guard.mark(message.content))
 
     def _prompt_text(self, messages: Sequence[Message]) -> str:
         return self.render(self.conversation(messages), add_generation_prompt=True)

@@ -48,6 +48,12 @@ class ExecResult:
         pids_limited: A fork was refused because the sandbox's process limit was reached (a fork
             bomb, or a program that starts too many processes). Not part of :attr:`ok`: a program
             may survive a refused fork, and a fork bomb whose branches all give up exits 0.
+        orphans_killed: The command's own process exited, but processes it left in the background
+            still held its stdout or stderr; after a fraction of a second they were killed with its
+            session, the call returned with the output read so far, and a line starting
+            ``[agentrl: the command exited but`` ends ``stderr``. Not part of :attr:`ok`: the
+            command itself finished, only what it left behind was stopped. A process that left the
+            session (``setsid``) is not killed; ``reset()`` kills it.
     """
 
     stdout: str
@@ -58,10 +64,12 @@ class ExecResult:
     duration: float = 0.0
     truncated: bool = False
     pids_limited: bool = False
+    orphans_killed: bool = False
 
     @property
     def ok(self) -> bool:
-        """True when the command exited 0, in time, without running out of memory."""
+        """True when the command exited 0, in time, without running out of memory (whatever it left
+        in the background and :attr:`orphans_killed` says was killed)."""
         return self.exit_code == 0 and not self.timed_out and not self.oom
 
 

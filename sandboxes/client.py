@@ -263,6 +263,7 @@ class ServerSandbox(ABC):
             pids_limited=answer.get("pids_limited", False),
             duration=answer["duration"],
             truncated=answer["truncated"],
+            orphans_killed=answer.get("orphans_killed", False),
         )
 
     def _file_op(self, request: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,19 @@ exactly one such frame on stdout. Nothing else is ever written to stdout. Reques
     {"op": "reset"}
 
 Answers carry ``"ok": true`` and the op's fields, or ``"ok": false`` with ``error`` (an exception
-class name), ``errno`` and ``message``.
+class name), ``errno`` and ``message``. An exec's fields are those of ``ExecResult``.
+
+When a command is done: when its own process (the one started for ``argv``, a shell for a string
+command) has exited and its stdout and stderr are closed. Until that exit the timeout applies
+(``timed_out``: the command's session is killed). After it, processes the command left in the
+background that still hold the pipes (``sleep 30 &`` without a redirect) get :data:`ORPHAN_GRACE`,
+then the command's session is killed (its process group and any job-control group it made), the
+output read so far is answered with ``orphans_killed`` and a line saying so in stderr; the exit code
+stays the command's own. Background processes whose output is redirected do not hold the pipes and
+run on until ``reset`` (unless others of the same command are killed: the whole session goes).
+Known limit: a process that left the session (``setsid``, a daemon's double fork) is out of reach
+here. If it holds the pipes, the server stops reading them after :data:`DRAIN_GRACE`, says so in
+stderr, and the process runs on until ``reset``, which kills every process of the sandbox.
 
 The config (``sys.argv[1]``, JSON): ``workdir``; ``scratch`` (other directories emptied by reset);
 ``rlimits`` (``RLIMIT_`` name without the prefix -> value, set on the server and so inherited by
@@ -48,7 +60,20 @@ from typing import Any
 HEADER = struct.Struct(">I")
 MAX_FRAME = 1 << 30
 DRAIN_GRACE = 0.2
-"""Seconds to read what is left in the pipes after a timeout kill, before giving up on them."""
+"""Seconds to read what is left in the pipes after a kill, before giving up on them."""
+ORPHAN_GRACE = 0.1
+"""Seconds a command's output pipes may stay open after its own process exited before what holds
+them is killed. Long enough for background work that ends just after the shell (a subshell's last
+``echo``, a process flushing at exit) to finish by itself and keep its output; short enough that a
+forgotten ``&`` costs a tenth of a second, not the whole timeout."""
+ORPHANS_MARKER = (
+    "[agentrl: the command exited but processes it left in the background still held its output; "
+    "they were killed. To keep one running, redirect its output: cmd > cmd.log 2>&1 &]\n"
+)
+ESCAPED_MARKER = (
+    "[agentrl: a process that left the command's session (setsid) still holds its output; "
+    "its output is not read and it runs until the sandbox is reset]\n"
+)
 OOM_COUNTERS = (
     ("/sys/fs/cgroup/memory.events", "oom_kill "),  # cgroup v2 (private cgroup namespace)
     ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill "),  # cgroup v1
@@ -225,6 +250,7 @@ def op_exec(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
             "pids_limited": False,
             "duration": time.monotonic() - start,
             "truncated": False,
+            "orphans_killed": False,
         }
     STATUSES[proc.pid] = -1
     after_spawn(proc.pid, config, timeout)
@@ -236,13 +262,23 @@ def op_exec(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
         os.set_blocking(writer, False)
     deadline = start + timeout
     timed_out = False
-    # Done when the command has exited AND its output pipes are closed (subprocess.run's rule): a
-    # background child that keeps them open keeps the command running, up to the timeout.
+    exited_at: float | None = None
+    # Done when the command's own process has exited and its output pipes are closed. Until that
+    # exit the timeout applies; after it, a background process still holding the pipes gets
+    # ORPHAN_GRACE, then is killed with the command's session (below).
     while out.open or err.open or STATUSES[proc.pid] == -1:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            timed_out = True
-            break
+        now = time.monotonic()
+        if exited_at is None and STATUSES[proc.pid] != -1:
+            exited_at = now
+        if exited_at is None:
+            remaining = deadline - now
+            if remaining <= 0:
+                timed_out = True
+                break
+        else:
+            remaining = exited_at + ORPHAN_GRACE - now
+            if remaining <= 0:
+                break
         readers = {c.fd: c for c in (out, err) if c.open}
         readable, writable, _ = select.select(
             [*readers, WAKEUP_R], [writer] if writer is not None else [], [], remaining
@@ -261,8 +297,10 @@ def op_exec(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
             if not pending:
                 proc.stdin.close()  # type: ignore[union-attr]
                 writer = None
-    if timed_out:
+    orphans_killed = not timed_out and (out.open or err.open)
+    if timed_out or orphans_killed:
         kill_group(proc.pid, out, err)
+    escaped = orphans_killed and (out.open or err.open)
     duration = time.monotonic() - start
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         if stream is not None and not stream.closed:
@@ -280,6 +318,9 @@ def op_exec(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
     if config.get("infer_from_messages"):
         oom = oom or (exit_code not in (0, None) and any(sign in err.data for sign in MEMORY_ERROR_SIGNS))
         pids_limited = pids_limited or any(sign in err.data for sign in FORK_ERROR_SIGNS)
+    if orphans_killed:
+        stderr += ("" if stderr.endswith("\n") or not stderr else "\n") + ORPHANS_MARKER
+        stderr += ESCAPED_MARKER if escaped else ""
     return {
         "ok": True,
         "stdout": stdout,
@@ -290,6 +331,7 @@ def op_exec(config: dict[str, Any], request: dict[str, Any]) -> dict[str, Any]:
         "pids_limited": pids_limited,
         "duration": duration,
         "truncated": cut_out or cut_err,
+        "orphans_killed": orphans_killed,
     }
 
 
@@ -305,13 +347,36 @@ def exit_code_of(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+def session_members(sid: int) -> list[int]:
+    """The processes of session ``sid`` (read from ``/proc``, the sandbox's own PID namespace)."""
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()  # after "pid (comm)": state ppid pgrp session
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if len(fields) > 3 and int(fields[3]) == sid:
+            members.append(int(name))
+    return members
+
+
 def kill_group(pid: int, *captures: Capture) -> None:
-    """Kill a timed-out command's whole process group, take what is left in its pipes (for a
-    moment: an escaped process may hold them), and reap it."""
+    """Kill a command's whole process group, and any other group of its session (a shell's job
+    control, ``Popen(process_group=0)``), take what is left in its pipes (for a moment: a process
+    that left the session may hold them), and reap it. The command was started as a session
+    leader, so its pid is both its group's and its session's id."""
     try:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for member in session_members(pid):
+        try:
+            os.kill(member, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     end = time.monotonic() + DRAIN_GRACE
     while any(c.open for c in captures) and time.monotonic() < end:
         readers = {c.fd: c for c in captures if c.open}

@@ -10,6 +10,8 @@ full path rather than come out wrong.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -51,12 +53,19 @@ def agents():
     }
 
 
+def _marked(agent: ChatAgent, messages: list[Message]) -> list[Message]:
+    return [replace(m, content=agent.guard.mark(m.content)) for m in messages]
+
+
 def full_observation_ids(agent: ChatAgent, messages: list[Message], closed: bool) -> list[int]:
-    return agent.encode(agent.observation_text(messages, turn_closed=closed))
+    """The full path: render, encode (special-token strings in contents as text, agents.guard)."""
+    text = agent.observation_text(_marked(agent, messages), turn_closed=closed)
+    return agent.guard.encode(text, agent.encode)
 
 
 def full_prompt_ids(agent: ChatAgent, messages: list[Message]) -> list[int]:
-    return agent.encode(agent.render(agent.conversation(messages), add_generation_prompt=True))
+    text = agent.render(_marked(agent, agent.conversation(messages)), add_generation_prompt=True)
+    return agent.guard.encode(text, agent.encode)
 
 
 # Text with the things that break naive splicing: whitespace at the edges, newlines, markup, the
@@ -90,7 +99,7 @@ def test_a_known_shape_is_encoded_without_rendering(agents, monkeypatch):
         agent.prompt_ids([Message("system", "warm"), Message("user", "up")])
         renders = []
         monkeypatch.setattr(agent, "_render", lambda *args, renders=renders: renders.append(args))
-        observation = [Message("user", "  Try again, with\n\nmore care. <|im_end|>")]
+        observation = [Message("user", "  Try again, with\n\nmore care. </b>")]
         prompt = [Message("system", "Answer with a number."), Message("user", "What is 2 + 3?\n")]
         fast = agent.observation_ids(observation), agent.prompt_ids(prompt)
         assert renders == [], "a known shape was rendered again"
