@@ -74,7 +74,7 @@ METRICS: Mapping[str, str] = {
     "train/staleness_mean": "mean policy-version lag of the trained tokens (trainer version minus the version that sampled them)",
     "train/staleness_max": "largest policy-version lag of any trained token",
     "train/policy_version": "the policy version after this step's update",
-    "train/stale_groups": "groups the staleness bound has dropped since the run started",
+    "train/stale_groups": "groups the staleness bound has dropped since the run (or its resumed session) started",
     # Throughput and where the time went.
     "perf/tokens_per_s": "generated tokens per second of the whole step (rollout, training and weight sync)",
     "perf/rollout_tokens_per_s": "generated tokens per second of rollout wall time",

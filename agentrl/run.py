@@ -16,6 +16,7 @@ from typing import Any
 
 from agentrl.build import build_engine, engine_settings, make_policy, model_path, policy_options
 from agentrl.config import RolloutConfig
+from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy
 from agentrl.rollout import RolloutStats
 from agentrl.types import Trajectory, write_jsonl
@@ -81,15 +82,17 @@ def _rollout_on_ray(
         ray.init(address=None if config.ray_address == "local" else config.ray_address)
     own_actor = actor is None
     try:
-        # Resolved once, here: the checkpoint path must then be readable on every node.
+        # Resolved once, here: the checkpoint path must then be readable on every node. The workers'
+        # tokenizer is the model's, also where a server holds the model (model_path gives None then).
         path = model_path(config)
+        tokenizer = path or resolve_model(config.model)
         if actor is None:
             actor = start_policy_actor(config.backend, path, policy_options(config))
         num_workers = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
         settings = engine_settings(config)
         settings["concurrency"] = math.ceil(config.concurrency / num_workers)
         with DistributedRollout(
-            actor, config.env_id, path, num_workers=num_workers, env_kwargs={"split": config.split}, **settings
+            actor, config.env_id, tokenizer, num_workers=num_workers, env_kwargs={"split": config.split}, **settings
         ) as distributed:
             trajectories = asyncio.run(collect(distributed, config.episodes // config.group_size, on_trajectory))
     finally:

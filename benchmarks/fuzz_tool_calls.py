@@ -5,10 +5,14 @@
 
 Every completion goes through ``parse_reply`` in each format; every call parsed in ``auto`` goes
 through ``call_tool`` (in the calling thread) and ``acall_tool`` (on an event loop); every
-``--env-every``-th completion also goes through an ``AgentEnv``'s ``step`` and ``astep``. The
-script prints how many completions it tried, how many calls they held, the results by error kind,
-the exceptions that escaped (must be 0), broken invariants (must be 0) and the throughput, and exits
-1 if anything escaped or broke. No hypothesis needed: the corpus is drawn from ``random.Random(seed)``.
+``--env-every``-th completion also goes through an ``AgentEnv``'s ``step`` and ``astep``. Every
+completion is also hidden in a reasoning block, in each format: after a closed ``<think>`` block
+holding it the completion must read exactly as alone, and inside an unclosed one it must give no
+call and stay as written (a call read from inside reasoning breaks the invariant). The script prints
+how many completions it tried, how many calls they held, the results by error kind, the calls read
+from inside reasoning, the exceptions that escaped and broken invariants (all must be 0) and the
+throughput, and exits 1 if anything escaped or broke. No hypothesis needed: the corpus is drawn
+from ``random.Random(seed)``.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.env import AgentEnv, Observation
-from agentrl.tool_calls import TOOL_FORMATS, format_tool_calls, parse_reply
+from agentrl.tool_calls import THINK_TAGS, TOOL_FORMATS, format_tool_calls, parse_reply
 from agentrl.tools import Tool, ToolResult, acall_tool, call_tool, tool
 from agentrl.types import Message, ToolCall
 
@@ -99,6 +103,7 @@ FRAGMENTS = [
     '"add"', '"a"', '"b"', "1", "-0", "2.5", "1e999999", "-1e999999", "NaN", "Infinity", "null", "true",
     "9" * 5000, "\x00", "\ud800", "\udfff", "\\ud800", "\\u0000", "```json", "```", " ", "\n", "\t", "é",
     "☃", "🎲", "\u202e", "\ufeff", '{"name": "add", "arguments": {"a": 1, "b": 2}}',
+    "<think>", "</think>", "<think>\n", "\n</think>\n\n", "<thi", "nk>", "</think",
 ]  # fmt: skip
 ADVERSARIAL = [
     "[" * 100_000,
@@ -121,6 +126,10 @@ ADVERSARIAL = [
     "\ud800\udc00\udbff" * 1000,
     '<tool_call>{"name": "lookup", "arguments": {"table": {"k": 1}, "key": "missing"}}</tool_call>',
     '<tool_call>{"name": "divide", "arguments": {"a": 1, "b": 0}}</tool_call>',
+    "<think>" * 5000 + '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+    "</think>" * 5000 + '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+    "<think></think><tool_call>" * 1000,
+    "<think>" + "<tool_call>" * 2000 + "</think>" + "{" * 10_000,
 ]
 CHAR_POOLS = [
     "abcdefghijklmnopqrstuvwxyz ABC0123456789",
@@ -214,6 +223,18 @@ def soup(rng: random.Random) -> str:
     )
 
 
+def reasoning(rng: random.Random) -> str:
+    """A thinking model's reply: a ``<think>`` block (calls and tags inside it, perhaps cut off or
+    closed twice), then perhaps an answer or calls."""
+    inside = rng.choice([well_formed, mutated, soup, lambda r: random_text(r, 80)])(rng)
+    text = "<think>\n" + inside
+    if rng.random() < 0.8:
+        text += "\n</think>\n\n" + rng.choice([well_formed, mutated, lambda r: random_text(r, 40), lambda r: ""])(rng)
+    if rng.random() < 0.2:
+        text += rng.choice(["<think>again " + well_formed(rng), "</think>" + well_formed(rng)])
+    return text
+
+
 def adversarial(rng: random.Random) -> str:
     text = rng.choice(ADVERSARIAL)
     return text if rng.random() < 0.7 else text[: rng.randrange(len(text) + 1)] + rng.choice(FRAGMENTS)
@@ -224,6 +245,7 @@ GENERATORS: list[tuple[str, Callable[[random.Random], str], float]] = [
     ("fragment soup", soup, 0.25),
     ("well-formed calls", well_formed, 0.25),
     ("mutated calls", mutated, 0.30),
+    ("reasoning", reasoning, 0.10),
     ("adversarial", adversarial, 0.05),
 ]
 
@@ -246,6 +268,8 @@ class Tally:
         self.calls = 0
         self.with_calls = 0  # completions holding at least one call
         self.calls_parsed_ok = 0
+        self.reasoning_checks = 0  # (completion, format) pairs hidden in reasoning
+        self.calls_from_reasoning = 0  # checks where a call inside reasoning was read: must be 0
         self.results: collections.Counter[str] = collections.Counter()
         self.escaped: list[tuple[str, str, str]] = []
         self.broken: list[tuple[str, str, str]] = []
@@ -287,6 +311,9 @@ def exercise(text: str, tally: Tally, loop: asyncio.AbstractEventLoop, env: Fuzz
                 or ids != [f"call_{i}" for i in range(len(ids))]
             ):
                 tally.broken.append((f"parse[{format}]", f"bad reply {reply!r:.200}", text[:200]))
+        stage = "reasoning"
+        for format, reply in replies.items():
+            check_reasoning(tally, text, format, reply)
         calls = replies["auto"].tool_calls
         tally.calls += len(calls)
         tally.with_calls += bool(calls)
@@ -313,6 +340,28 @@ def exercise(text: str, tally: Tally, loop: asyncio.AbstractEventLoop, env: Fuzz
         if isinstance(e, KeyboardInterrupt):
             raise
         tally.escaped.append((stage, f"{type(e).__name__}: {str(e)[:200]}", text[:200]))
+
+
+def check_reasoning(tally: Tally, text: str, format: str, alone: Message) -> None:
+    """``text`` after a closed reasoning block holding it reads as ``text`` alone; inside an unclosed
+    block it reads as a plain reply, exactly as written."""
+    opening, closing = THINK_TAGS
+    thought = text
+    while closing in thought:  # so the block ends where this check closes it
+        thought = thought.replace(closing, "")
+    after = parse_reply(f"{opening}{thought}{closing}{text}", format)  # type: ignore[arg-type]
+    unclosed = f"{opening}{thought}"
+    cut = parse_reply(unclosed, format)  # type: ignore[arg-type]
+    tally.reasoning_checks += 1
+    if cut.tool_calls or _call_keys(after) != _call_keys(alone):
+        tally.calls_from_reasoning += 1
+        tally.broken.append((f"reasoning[{format}]", "a call was read from inside a reasoning block", text[:200]))
+    elif cut.content != unclosed:
+        tally.broken.append((f"reasoning[{format}]", "the reasoning was not kept as written", text[:200]))
+
+
+def _call_keys(reply: Message) -> list[tuple[str, Any, str | None]]:
+    return [(c.name, c.arguments, c.error) for c in reply.tool_calls]
 
 
 def _valid_unicode(text: str) -> bool:
@@ -370,6 +419,10 @@ def main() -> int:
     print(
         "call_tool results:      "
         + ", ".join(f"{k} {v}" for k, v in sorted(tally.results.items(), key=lambda kv: -kv[1]))
+    )
+    print(
+        f"calls from reasoning:   {tally.calls_from_reasoning} "
+        f"(each completion hidden in <think> in {len(TOOL_FORMATS)} formats: {tally.reasoning_checks} checks)"
     )
     print(f"exceptions escaped:     {len(tally.escaped)}")
     print(f"invariants broken:      {len(tally.broken)}")

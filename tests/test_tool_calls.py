@@ -7,11 +7,18 @@ import re
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import agentrl.tool_calls
-from agentrl.tool_calls import TOOL_FORMATS, format_tool_calls, parse_reply
+from agentrl.tool_calls import (
+    THINK_TAGS,
+    TOOL_CALL_FORMATS,
+    TOOL_FORMATS,
+    ToolCallFormat,
+    format_tool_calls,
+    parse_reply,
+)
 from agentrl.types import Message, ToolCall
 
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
@@ -205,6 +212,148 @@ def test_plain_text_and_odd_characters_pass_through_unchanged():
             assert parse_reply(text, format) == Message("assistant", text)
 
 
+# --- reasoning blocks -------------------------------------------------------------------------
+
+THINKING = "<think>\nShould I add? " + CALL + " No, I know it.\n</think>"
+ADD = [("add", {"a": 1, "b": 2}, None)]
+
+
+def test_every_format_declares_its_reasoning_tags():
+    assert THINK_TAGS == ("<think>", "</think>")
+    assert {name: f.reasoning_tags for name, f in TOOL_CALL_FORMATS.items()} == {
+        "auto": (THINK_TAGS,),
+        "hermes": (THINK_TAGS,),
+        "json": (THINK_TAGS,),
+    }
+    assert all(isinstance(f, ToolCallFormat) and f.name == name for name, f in TOOL_CALL_FORMATS.items())
+
+
+@pytest.mark.parametrize("format", TOOL_FORMATS)
+def test_a_call_inside_reasoning_is_not_read_and_the_reply_is_kept_as_written(format):
+    for text in (
+        THINKING + "\n\n3",
+        THINKING,
+        "  " + THINKING + " 3 ",
+        '<think>{"name": "add", "arguments": {}}</think>',
+    ):
+        assert parse_reply(text, format) == Message("assistant", text), (format, text)
+
+
+@pytest.mark.parametrize("format", ["auto", "hermes"])
+def test_a_call_after_reasoning_is_read_and_the_reasoning_stays_in_the_content(format):
+    reply = parse_reply(THINKING + "\n\n" + CALL, format)
+    assert calls_of(THINKING + "\n\n" + CALL, format) == ADD
+    assert reply.content == THINKING  # only the call's block leaves the content
+    text = f"{THINKING}\nLet me add.\n{CALL}\nDone."
+    assert parse_reply(text, format).content == f"{THINKING}\nLet me add.\n\nDone."
+
+
+@pytest.mark.parametrize("format", ["auto", "json"])
+def test_json_reads_the_text_after_reasoning(format):
+    one = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+    text = f"<think>\nI need {one} here.\n</think>\n\n{one}"
+    assert parse_reply(text, format) == Message(
+        "assistant",
+        f"<think>\nI need {one} here.\n</think>",
+        tool_calls=[ToolCall("add", {"a": 1, "b": 2}, id="call_0")],
+    )
+    fenced = f"<think>ok</think>\n```json\n[{one}, {one}]\n```"
+    assert calls_of(fenced, format) == ADD * 2
+    # Only reasoning and prose: a final answer; JSON only inside reasoning: not read.
+    for plain in (f"<think>{one}</think>\nThe answer is 3.", f"<think>\n{one}", f"Maybe <think>{one}</think>"):
+        assert parse_reply(plain, format) == Message("assistant", plain)
+
+
+def test_auto_reads_json_when_the_only_tool_call_tag_is_inside_reasoning():
+    one = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
+    text = f"<think>Not {CALL}.</think>\n{one}"
+    assert calls_of(text) == ADD and calls_of(text, "hermes") == []
+
+
+@pytest.mark.parametrize("format", ["auto", "hermes"])
+def test_an_unclosed_reasoning_block_runs_to_the_end(format):
+    for text in ("<think>\nFirst " + CALL, "Answer: 3. <think> then " + CALL + CALL, "<think>" + "</tool_call>" + CALL):
+        assert parse_reply(text, format) == Message("assistant", text), text
+    # A call before the block is read; the block and all after it stay in the content.
+    reply = parse_reply(CALL + "\n<think>and " + CALL, format)
+    assert calls_of(CALL + "\n<think>and " + CALL, format) == ADD and reply.content == "<think>and " + CALL
+
+
+@pytest.mark.parametrize("format", ["auto", "hermes"])
+def test_several_reasoning_blocks_each_hide_their_calls(format):
+    neg = '<tool_call>{"name": "neg", "arguments": {"x": 1}}</tool_call>'
+    text = f"<think>a {neg}</think>{CALL}<think>b {neg}</think> {neg} <think>c {CALL}"
+    reply = parse_reply(text, format)
+    assert [(c.name, c.id) for c in reply.tool_calls] == [("add", "call_0"), ("neg", "call_1")]
+    assert reply.content == f"<think>a {neg}</think><think>b {neg}</think>  <think>c {CALL}"
+
+
+@pytest.mark.parametrize("format", ["auto", "hermes"])
+def test_a_reasoning_block_ends_at_its_first_closing_tag(format):
+    # As vLLM's reasoning parsers and Qwen3's template read it: an opening tag inside reasoning is
+    # text (the model may muse about the tag), so a call after the first </think> is read, and a
+    # second </think> is stray text.
+    text = f"<think>outer <think>inner {CALL}</think> {CALL} </think> done"
+    reply = parse_reply(text, format)
+    assert calls_of(text, format) == ADD
+    assert reply.content == f"<think>outer <think>inner {CALL}</think>  </think> done"
+
+
+def test_stray_reasoning_tags_and_tags_inside_a_call():
+    # A closing tag outside a block is text; reasoning tags inside a <tool_call> block are its JSON.
+    assert calls_of("</think>" + CALL) == ADD
+    assert parse_reply("</think>" + CALL).content == "</think>"
+    inside = '<tool_call>{"name": "echo", "arguments": {"text": "<think>"}}</tool_call> and ' + CALL
+    assert calls_of(inside) == [("echo", {"text": "<think>"}, None), *ADD]
+    closing = '<tool_call>{"name": "echo", "arguments": {"text": "</think>"}}</tool_call>'
+    assert calls_of("<think>no</think>" + closing) == [("echo", {"text": "</think>"}, None)]
+
+
+def test_reasoning_tags_can_be_given_or_turned_off():
+    assert calls_of(THINKING) == []
+    assert [(c.name, c.error) for c in parse_reply(THINKING, reasoning_tags=()).tool_calls] == [("add", None)]
+    kimi = ("◁think▷", "◁/think▷")
+    text = f"◁think▷{CALL}◁/think▷ <think>{CALL}</think>"
+    reply = parse_reply(text, "hermes", reasoning_tags=[kimi])
+    assert len(reply.tool_calls) == 1 and reply.content == f"◁think▷{CALL}◁/think▷ <think></think>"
+    assert parse_reply(text, reasoning_tags=[kimi, THINK_TAGS]) == Message("assistant", text)
+    for bad in ([("<think>",)], [("<think>", "")], ["<think></think>"], [("<a>", 3)]):
+        with pytest.raises(ValueError, match=r"reasoning_tags must be \(opening, closing\) pairs of non-empty strings"):
+            parse_reply("x", reasoning_tags=bad)  # type: ignore[arg-type]
+
+
+def test_reasoning_tag_spam_parses_in_linear_time():
+    started = time.perf_counter()
+    assert parse_reply("<think>" * 20_000 + CALL).tool_calls == []
+    assert calls_of("</think>" * 20_000 + CALL) == ADD
+    reply = parse_reply("<think></think><tool_call></tool_call>" * 10_000)
+    assert len(reply.tool_calls) == 10_000 and reply.content == "<think></think>" * 10_000
+    reply = parse_reply("<think></think><tool_call>" * 10_000)  # an open block runs to the next one
+    assert len(reply.tool_calls) == 10_000 and reply.content == "<think></think>"
+    assert parse_reply("<think>" + "<tool_call>" * 20_000 + "</think>" + "x" * 200_000, "json").tool_calls == []
+    assert time.perf_counter() - started < 5
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    thought=st.text(st.characters(exclude_categories=()), max_size=30) | st.sampled_from([CALL, "<think>", "{", "```"]),
+    text=st.text(st.characters(exclude_categories=()), max_size=60) | st.sampled_from([CALL, "Hi " + CALL + " x"]),
+    format=st.sampled_from(TOOL_FORMATS),
+)
+def test_reasoning_never_adds_or_removes_calls_of_the_text_after_it(thought, text, format):
+    assume("</think>" not in thought)
+    alone = parse_reply(text, format)  # type: ignore[arg-type]
+    prefixed = parse_reply(f"<think>{thought}</think>{text}", format)  # type: ignore[arg-type]
+    # The text after the block reads the same; the reasoning adds no call and stays in the content.
+    assert [(c.name, c.arguments, c.error) for c in prefixed.tool_calls] == [
+        (c.name, c.arguments, c.error) for c in alone.tool_calls
+    ]
+    if prefixed.tool_calls:
+        assert prefixed.content.startswith(f"<think>{thought}</think>")
+    # Unclosed, the block swallows the text: no call at all, and the reply as written.
+    assert parse_reply(f"<think>{thought}{text}", format) == Message("assistant", f"<think>{thought}{text}")  # type: ignore[arg-type]
+
+
 # --- writing calls ----------------------------------------------------------------------------
 
 
@@ -220,11 +369,13 @@ def test_format_tool_calls_writes_the_shape_chat_templates_write():
 
 
 def test_tags_inside_arguments_are_escaped_so_the_text_reads_back():
-    calls = [ToolCall("echo", {"text": "</tool_call> and <tool_call>{"})]
+    tags = "</tool_call> and <tool_call>{ <think> </think>"
+    calls = [ToolCall("echo", {"text": tags})]
     for format in ("hermes", "json"):
         text = format_tool_calls(calls, format)
-        assert "\\u003c/tool_call>" in text
-        assert calls_of(text) == [("echo", {"text": "</tool_call> and <tool_call>{"}, None)]
+        assert "\\u003c/tool_call>" in text and "\\u003cthink>" in text and "\\u003c/think>" in text
+        for reader in (format, "auto"):
+            assert calls_of(text, reader) == [("echo", {"text": tags}, None)]
 
 
 json_values = st.recursive(
@@ -234,7 +385,7 @@ json_values = st.recursive(
 )
 # Names and keys may hold anything, surrogates and the tags themselves included.
 any_text = st.text(st.characters(exclude_categories=()), max_size=20) | st.sampled_from(
-    ["<tool_call>", "</tool_call>", "```", "{", "\x00", "name", "arguments"]
+    ["<tool_call>", "</tool_call>", "<think>", "</think>", "```", "{", "\x00", "name", "arguments"]
 )
 tool_calls = st.builds(
     ToolCall,

@@ -218,3 +218,47 @@ def test_envs_written_the_gymnasium_way_train_and_evaluate(tiny_model_dir, tiny_
     result = train(config, policy=_scripted(tiny_tokenizer))
     assert result.steps == 2 and result.eval_before["eval/episodes"] == 4 and result.eval_after["eval/failed"] == 0
     assert [m["train/policy_version"] for m in _steps(result.run_dir)] == [2.0, 3.0]
+
+
+class BrokenAfter(AgentEnv):
+    """Say b; the fourth env made raises in its constructor (a setup error mid-run)."""
+
+    made = 0
+
+    def __init__(self, split: str = "train"):
+        super().__init__(max_turns=1)
+        BrokenAfter.made += 1
+        if BrokenAfter.made > 3:
+            raise RuntimeError("the env's service went away")
+
+    def start(self, options: dict[str, Any] | None) -> list[Message]:
+        return [Message("user", "Say b")]
+
+    def respond(self, reply: Message) -> Feedback:
+        return Feedback([], reward=float("b" in reply.content), terminated=True)
+
+
+if "tests/BrokenAfter-v0" not in agentrl.registered_ids():
+    agentrl.register("tests/BrokenAfter-v0", entry_point=BrokenAfter)
+
+
+def test_a_setup_error_mid_run_ends_the_run_with_it_instead_of_hanging(tiny_model_dir, tiny_tokenizer, tmp_path):
+    BrokenAfter.made = 0
+    # Slow replies keep each env busy, so the engine has to make new ones and meets the error.
+    config = _config(tiny_model_dir, tmp_path / "run", "rollout.env_id=tests/BrokenAfter-v0", "steps=5")
+    with pytest.raises(RuntimeError, match="the env's service went away"):
+        train(config, policy=_scripted(tiny_tokenizer, delays=0.05))
+
+
+def test_a_resumed_run_counts_versions_on_and_keeps_staleness_in_its_bound(tiny_model_dir, tiny_tokenizer, tmp_path):
+    run_dir = tmp_path / "run"
+    common = ("max_staleness=2", "checkpoint_every=1", "resume=true", "groups_per_step=1", "trainer.micro_batch_size=4")
+    train(_config(tiny_model_dir, run_dir, "steps=3", *common), policy=_scripted(tiny_tokenizer, 0.05))
+    train(_config(tiny_model_dir, run_dir, "steps=6", *common), policy=_scripted(tiny_tokenizer, 0.05))
+
+    steps = _steps(run_dir)
+    versions = [m["train/policy_version"] for m in steps]
+    assert versions == sorted(versions) and len(set(versions)) == 6, versions
+    assert all(0 <= m["train/staleness_mean"] <= m["train/staleness_max"] <= 2 for m in steps)
+    state = json.loads(sorted((run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    assert state["policy_version"] == versions[-1]

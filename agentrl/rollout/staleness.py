@@ -23,7 +23,7 @@ The window bounds how many groups start; which groups a batch takes is the other
 Taken in the order they complete, a long group keeps being overtaken until it is too stale and
 dropped, so training sees fewer long episodes than were played. :func:`required_groups` says
 which groups the next batch must hold (waiting for them if they still run) so that no group ever
-becomes too stale: every group started is trained on.
+becomes too stale: none is dropped for staleness.
 
 >>> window = StalenessWindow(groups_per_step=2, max_staleness=1)
 >>> window.room()
@@ -38,7 +38,7 @@ becomes too stale: every group started is trained on.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -127,3 +127,32 @@ def required_groups(
         if count > 0:
             required.append((members, count))
     return required
+
+
+def take_required(
+    required: list[tuple[list[str], int]], ready: Callable[[str], bool], room: int
+) -> tuple[list[str], bool]:
+    """Which ready groups to take now for :func:`required_groups`' needs, and whether the batch
+    must wait for a required group that is still running.
+
+    The needs are met oldest set first; at most ``room`` groups are taken. When an older set still
+    lacks a group that is not ready, nothing is taken for the later sets: the places are the older
+    groups'.
+
+    >>> take_required([(["a"], 1), (["a", "b", "c"], 2)], lambda g: g != "a", room=2)
+    ([], True)
+    >>> take_required([(["a"], 1), (["a", "b", "c"], 2)], lambda g: True, room=2)
+    (['a', 'b'], False)
+    """
+    taken: list[str] = []
+    for members, count in required:
+        have = sum(group_id in taken for group_id in members)
+        for group_id in members:
+            if have >= count or len(taken) >= room:
+                break
+            if group_id not in taken and ready(group_id):
+                taken.append(group_id)
+                have += 1
+        if have < count and len(taken) < room:
+            return taken, True
+    return taken, False

@@ -173,7 +173,9 @@ def test_the_same_call_after_reasoning_is_run(tokenizer):
     ]
     # The observation between the turns is the template's tool turn, as a fresh rendering writes it.
     text = tokenizer.decode(trajectory.token_ids, skip_special_tokens=False)
-    assert "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
+    assert (
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n" in text
+    )
 
 
 def test_a_reply_cut_off_while_thinking_runs_nothing(tokenizer):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agentrl.rollout import StalenessWindow
-from agentrl.rollout.staleness import required_groups
+from agentrl.rollout.staleness import required_groups, take_required
 
 
 def test_capacity_is_one_batch_plus_one_per_staleness_step():
@@ -114,10 +114,8 @@ def test_taking_the_required_groups_oldest_first_never_lets_one_go_stale():
                 next_id += 1
                 starts[group], done_at[group] = version, version + rng.choice([0, 0, 0, 1, 3])
                 window.start(1)
-            batch: list[str] = []
-            for members, count in required_groups(starts, version, max_staleness, per_step):
-                have = sum(g in batch for g in members)
-                batch += [g for g in members if g not in batch][: max(0, count - have)]  # waited for
+            required = required_groups(starts, version, max_staleness, per_step)
+            batch, _ = take_required(required, lambda g: True, per_step)  # what the batch waits for, then takes
             finished = sorted((g for g in starts if g not in batch and done_at[g] <= version), key=done_at.get)
             batch += finished[: per_step - len(batch)]
             assert len(batch) <= per_step
@@ -125,3 +123,20 @@ def test_taking_the_required_groups_oldest_first_never_lets_one_go_stale():
                 assert version - starts.pop(group) <= max_staleness
             window.trained(len(batch))
             version += 1
+
+
+def test_take_required_waits_for_an_older_group_before_taking_newer_ones():
+    required = [(["a"], 1), (["a", "b", "c"], 2)]
+    assert take_required(required, lambda g: g != "a", room=2) == ([], True)
+    assert take_required(required, lambda g: g in "ab", room=2) == (["a", "b"], False)
+    assert take_required(required, lambda g: g == "a", room=2) == (["a"], True)  # b or c still to come
+
+
+def test_take_required_is_not_fooled_by_a_set_already_full():
+    # Two of S_0 are needed and they also fill S_1's need of one: nothing to wait for.
+    required = [(["a", "b"], 2), (["a", "b", "c", "d"], 1)]
+    assert take_required(required, lambda g: True, room=3) == (["a", "b"], False)
+
+
+def test_take_required_stops_at_the_room_left():
+    assert take_required([(["a", "b", "c"], 3)], lambda g: True, room=2) == (["a", "b"], False)
