@@ -56,11 +56,16 @@ class SpecialTextGuard:
         #: The strings guarded, longest first (so ``<|im_start|>`` wins over a shorter overlap).
         self.specials: list[str] = sorted((s for s in specials if s), key=lambda s: (-len(s), s))
         self._pattern = re.compile("|".join(map(re.escape, self.specials)))
+        # Most contents hold none of the characters special tokens start with ("<", "["): two or
+        # three substring scans then answer before the regex of (up to hundreds of) alternatives.
+        self._firsts = sorted({s[0] for s in self.specials})
         self._index = {s: i for i, s in enumerate(self.specials)}
         self._text_ids: dict[int, list[int]] = {}
 
     def needs(self, content: str) -> bool:
         """Does ``content`` hold a special-token string?"""
+        if not any(first in content for first in self._firsts):
+            return False
         return self._pattern.search(content) is not None
 
     def mark(self, content: str) -> str:
