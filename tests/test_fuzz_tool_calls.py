@@ -1,6 +1,7 @@
 """Fuzz the tool-call path: random and adversarial completions through parse_reply (every format),
 call_tool / acall_tool and an AgentEnv's step / astep. Nothing may escape, every call gets exactly
-one tool message answering it, and every error message starts with "Error:".
+one tool message answering it, every error message starts with "Error:", and no call is read from
+inside a reasoning block.
 
 The hypothesis budgets keep this file at about 10-20 s; ``benchmarks/fuzz_tool_calls.py`` runs the
 same checks over 100 000 seeded completions.
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agentrl.env import AgentEnv, Observation
-from agentrl.tool_calls import TOOL_FORMATS, format_tool_calls, parse_reply
+from agentrl.tool_calls import THINK_TAGS, TOOL_FORMATS, format_tool_calls, parse_reply
 from agentrl.tools import Tool, ToolResult, acall_tool, call_tool, tool
 from agentrl.types import Message, ToolCall
 
@@ -107,6 +108,8 @@ def exercise(text: str, env_too: bool = True) -> None:
         for call in reply.tool_calls:
             assert isinstance(call, ToolCall) and isinstance(call.arguments, dict)
             assert call.error is None or (isinstance(call.error, str) and call.arguments == {})
+    for format, reply in replies.items():
+        check_reasoning(text, format, reply)
     calls = replies["auto"].tool_calls
     check_results(calls, [call_tool(BY_NAME, c) for c in calls])
     check_results(calls[:3], [call_tool(BY_NAME, c, timeout=10) for c in calls[:3]])  # the thread path
@@ -126,6 +129,20 @@ def exercise(text: str, env_too: bool = True) -> None:
                 assert observation == [] and terminated
 
 
+def check_reasoning(text: str, format: str, alone: Message) -> None:
+    """After a closed reasoning block holding it, ``text`` reads as alone; inside an unclosed one
+    it is a plain reply, as written."""
+    opening, closing = THINK_TAGS
+    thought = text
+    while closing in thought:
+        thought = thought.replace(closing, "")
+    after = parse_reply(f"{opening}{thought}{closing}{text}", format)
+    assert [(c.name, c.arguments, c.error) for c in after.tool_calls] == [
+        (c.name, c.arguments, c.error) for c in alone.tool_calls
+    ], "a call was read from inside a reasoning block"
+    assert parse_reply(opening + thought, format) == Message("assistant", opening + thought)
+
+
 # --- strategies -------------------------------------------------------------------------------
 
 FRAGMENTS = [
@@ -134,6 +151,7 @@ FRAGMENTS = [
     '"x"', '"parts"', '"mood"', '"calm"', "1", "-0", "2.5", "1e999999", "-1e999999", "NaN", "Infinity",
     "null", "true", "9" * 5000, "\x00", "\ud800", "\\ud800", "\\u0000", "```json", "```", " ", "\n",
     '{"name": "add", "arguments": {"a": 1, "b": 2}}', "[" * 2000, "{" * 2000, "☃", "\u202e",
+    "<think>", "</think>", "<think>\n", "\n</think>\n\n", "<thi", "</think",
 ]  # fmt: skip
 any_char = st.characters(exclude_categories=())  # surrogates and NUL included
 any_text = st.text(any_char, max_size=60)
@@ -164,7 +182,8 @@ def written_calls(draw: st.DrawFn) -> str:
     if draw(st.booleans()):
         at = draw(st.integers(0, len(text)))
         text = text[:at] + draw(st.sampled_from(["", *FRAGMENTS])) + text[at + draw(st.integers(0, 3)) :]
-    return draw(st.sampled_from(["", "Let me see.\n", "```json\n"])) + text
+    prefix = draw(st.sampled_from(["", "Let me see.\n", "```json\n", "<think>\n", "<think>\nHm.\n</think>\n\n"]))
+    return prefix + text
 
 
 completions = any_text | soup | written_calls()
@@ -224,6 +243,10 @@ ADVERSARIAL = {
     "zero division": '<tool_call>{"name": "ratio", "arguments": {"x": 1, "y": 0}}</tool_call>',
     "wrong types": '<tool_call>{"name": "join", "arguments": {"parts": "abc", "sep": 1, "weights": {"a": "b"}}}</tool_call>',
     "prose with braces": 'Sets look like {1, 2} and lists like [1, 2]; a call is {"name": ...}.',
+    "think spam": "<think>" * 5000 + '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+    "closing think spam": "</think>" * 5000 + '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>',
+    "think and call spam": "<think></think><tool_call>" * 1000,
+    "calls inside thinking": "<think>" + '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>' * 50,
 }
 
 
@@ -243,3 +266,4 @@ def test_the_fuzz_benchmark_corpus_runs_clean():
     assert tally.completions == 1000 and tally.calls > 300
     assert tally.escaped == [] and tally.broken == []
     assert {"ok", "parse", "bad_arguments", "unknown_tool", "raised"} <= set(tally.results)
+    assert tally.reasoning_checks == 3000 and tally.calls_from_reasoning == 0
