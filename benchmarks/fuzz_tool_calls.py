@@ -10,8 +10,10 @@ completion is also hidden in a reasoning block, in each format: after a closed `
 holding it the completion must read exactly as alone, and inside an unclosed one it must give no
 call and stay as written (a call read from inside reasoning breaks the invariant). The script prints
 how many completions it tried, how many calls they held, the results by error kind, the calls read
-from inside reasoning, the exceptions that escaped and broken invariants (all must be 0) and the
-throughput, and exits 1 if anything escaped or broke. No hypothesis needed: the corpus is drawn
+from inside reasoning, the control token ids that came from env text (every ``--env-every``-th
+completion and its calls' results are encoded as an observation by a ChatML agent, whose control
+ids must be those of the same messages with plain text), the exceptions that escaped and broken
+invariants (all must be 0) and the throughput, and exits 1 if anything escaped or broke. No hypothesis needed: the corpus is drawn
 from ``random.Random(seed)``.
 """
 
@@ -104,6 +106,7 @@ FRAGMENTS = [
     "9" * 5000, "\x00", "\ud800", "\udfff", "\\ud800", "\\u0000", "```json", "```", " ", "\n", "\t", "é",
     "☃", "🎲", "\u202e", "\ufeff", '{"name": "add", "arguments": {"a": 1, "b": 2}}',
     "<think>", "</think>", "<think>\n", "\n</think>\n\n", "<thi", "nk>", "</think",
+    "<|im_end|>", "<|im_start|>system\n", "<|im_start|>", "<|endoftext|>", "<|im_", "end|>", "<|eot_id|>",
 ]  # fmt: skip
 ADVERSARIAL = [
     "[" * 100_000,
@@ -264,6 +267,8 @@ class Tally:
     """What the run saw; ``escaped`` and ``broken`` hold (stage, error, completion) for the report."""
 
     def __init__(self) -> None:
+        self.context_checks = 0  # completions encoded as env text (a user turn and their tool results)
+        self.control_from_env = 0  # control token ids those encodings held beyond the template's: must be 0
         self.completions = 0
         self.calls = 0
         self.with_calls = 0  # completions holding at least one call
@@ -297,7 +302,7 @@ def check_results(tally: Tally, stage: str, text: str, calls: list[ToolCall], re
             tally.broken.append((stage, f"bad result {result!r:.200}", text[:200]))
 
 
-def exercise(text: str, tally: Tally, loop: asyncio.AbstractEventLoop, env: FuzzEnv | None) -> None:
+def exercise(text: str, tally: Tally, loop: asyncio.AbstractEventLoop, env: FuzzEnv | None, agent: Any = None) -> None:
     """Push one completion through every stage, recording anything that escapes or breaks."""
     tally.completions += 1
     stage = "parse"
@@ -322,6 +327,9 @@ def exercise(text: str, tally: Tally, loop: asyncio.AbstractEventLoop, env: Fuzz
         results = [call_tool(TOOLS_BY_NAME, c) for c in calls]
         check_results(tally, stage, text, calls, results)
         tally.results.update(r.error_kind or "ok" for r in results)
+        if agent is not None:
+            stage = "context"
+            check_context(tally, text, results, agent)
         stage = "acall_tool"
 
         async def run_async() -> list[ToolResult]:
@@ -340,6 +348,22 @@ def exercise(text: str, tally: Tally, loop: asyncio.AbstractEventLoop, env: Fuzz
         if isinstance(e, KeyboardInterrupt):
             raise
         tally.escaped.append((stage, f"{type(e).__name__}: {str(e)[:200]}", text[:200]))
+
+
+def check_context(tally: Tally, text: str, results: list[Any], agent: Any) -> None:
+    """The completion as env text (a user message) and its calls' results (tool messages), encoded as
+    an observation: the control ids must be exactly those of the same messages holding plain text."""
+    tally.context_checks += 1
+    # A lone surrogate cannot be encoded at all (an env sending one fails its episode); written out.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    messages = [Message("user", text), *(r.to_message() for r in results)]
+    plain = [Message(m.role, "x", tool_call_id=m.tool_call_id, name=m.name) for m in messages]
+    specials = set(agent.tokenizer.all_special_ids)
+    ids = agent.observation_ids(messages)
+    extra = sum(t in specials for t in ids) - sum(t in specials for t in agent.observation_ids(plain))
+    if extra:
+        tally.control_from_env += extra
+        tally.broken.append(("context", f"{extra} control token(s) from env text", text[:200]))
 
 
 def check_reasoning(tally: Tally, text: str, format: str, alone: Message) -> None:
@@ -386,13 +410,18 @@ class _AsResult:
 
 def run(n: int, seed: int = 0, env_every: int = 10, progress: bool = False) -> Tally:
     """Fuzz ``n`` completions; return the tally (the test suite calls this with a small ``n``)."""
+    from agentrl.agents import ChatAgent  # transformers: only for the context check
+    from agentrl.testing import build_tiny_tokenizer
+
     texts = corpus(n, seed)
     tally = Tally()
     loop = asyncio.new_event_loop()
     env = FuzzEnv()
+    agent = ChatAgent(build_tiny_tokenizer(), list(TOOLS_BY_NAME.values()))
     try:
         for i, text in enumerate(texts):
-            exercise(text, tally, loop, env if env_every and i % env_every == 0 else None)
+            every = env_every and i % env_every == 0
+            exercise(text, tally, loop, env if every else None, agent if every else None)
             if progress and (i + 1) % 10_000 == 0:
                 print(f"  {i + 1} / {n}", file=sys.stderr, flush=True)
     finally:
@@ -423,6 +452,10 @@ def main() -> int:
     print(
         f"calls from reasoning:   {tally.calls_from_reasoning} "
         f"(each completion hidden in <think> in {len(TOOL_FORMATS)} formats: {tally.reasoning_checks} checks)"
+    )
+    print(
+        f"control ids from env:   {tally.control_from_env} "
+        f"(every {args.env_every}th completion and its tool results encoded as env text: {tally.context_checks} checks)"
     )
     print(f"exceptions escaped:     {len(tally.escaped)}")
     print(f"invariants broken:      {len(tally.broken)}")

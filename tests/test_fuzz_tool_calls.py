@@ -267,3 +267,4 @@ def test_the_fuzz_benchmark_corpus_runs_clean():
     assert tally.escaped == [] and tally.broken == []
     assert {"ok", "parse", "bad_arguments", "unknown_tool", "raised"} <= set(tally.results)
     assert tally.reasoning_checks == 3000 and tally.calls_from_reasoning == 0
+    assert tally.context_checks == 100 and tally.control_from_env == 0

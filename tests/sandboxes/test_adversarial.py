@@ -68,9 +68,9 @@ def test_a_fork_bomb_is_contained_and_killed(sb):
 def test_a_fork_bomb_left_in_the_background_does_not_hold_the_call(sb):
     start = time.monotonic()
     result = sb.exec("bomb() { bomb | bomb & }; bomb", timeout=10)
-    assert result.pids_limited and "Cannot fork" in result.stderr, result
     # The shell exits at once; the branches still holding its output are killed with its session a
-    # moment later (orphans_killed), unless every branch gave up first.
+    # moment later (orphans_killed), unless every branch gave up first at the process limit.
+    assert result.orphans_killed or result.pids_limited, result
     assert not result.timed_out and time.monotonic() - start < 5, result
     usable_after_reset(sb)
 
