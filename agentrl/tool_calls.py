@@ -57,8 +57,9 @@ The ``json`` reader takes the text outside reasoning blocks as the reply: in
 ``<think>...</think>{"name": ...}`` the JSON is a call, and the message's content is the reasoning.
 
 The parser sees the completion only: where the *prompt* opens the block (templates that end the
-generation prompt with ``<think>``), the completion shows only ``</think>``, and calls before it
-are read.
+generation prompt with ``<think>``), the completion shows only ``</think>``, and :func:`parse_reply`
+alone would read calls before it. :meth:`agentrl.agents.ChatAgent.parse` knows its template: it
+reads such a completion as starting inside the block (``ChatAgent.opens_reasoning``).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentrl.agents.guard import SpecialTextGuard
 from agentrl.agents.layouts import MAX_LAYOUTS, Layout, compile_layout, message_shape
-from agentrl.tool_calls import TOOL_FORMATS, ToolFormat, parse_reply
+from agentrl.tool_calls import TOOL_CALL_FORMATS, TOOL_FORMATS, ToolFormat, parse_reply
 from agentrl.tools import Tool, as_tool
 from agentrl.types import Message
 
@@ -153,6 +153,9 @@ class ChatAgent:
         self._backend_decodes = self._backend_decodes_alike()
         # A template that writes the date (Llama 3.1's strftime_now) renders differently tomorrow.
         self._uses_clock = "strftime_now" in str(source)
+        #: The reasoning block the generation prompt leaves open (Qwen3-Thinking and DeepSeek-R1
+        #: templates end it with ``<think>``): a completion then starts inside it, see :meth:`parse`.
+        self.opens_reasoning: tuple[str, str] | None = self._find_open_reasoning()
 
     @classmethod
     def from_env(cls, tokenizer: PreTrainedTokenizerBase, env: AgentEnv, **kwargs: Any) -> ChatAgent:
@@ -297,8 +300,17 @@ class ChatAgent:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))
 
     def parse(self, completion_text: str) -> Message:
-        """The assistant message of a completion, tool calls parsed with :attr:`tool_format`."""
-        return parse_reply(completion_text, self.tool_format)
+        """The assistant message of a completion, tool calls parsed with :attr:`tool_format`.
+
+        Where the generation prompt opened a reasoning block (:attr:`opens_reasoning`), the
+        completion is read as starting inside it, so a call before its ``</think>`` is not run;
+        the message's content is still the completion as written."""
+        if self.opens_reasoning is None:
+            return parse_reply(completion_text, self.tool_format)
+        opening = self.opens_reasoning[0]
+        reply = parse_reply(opening + completion_text, self.tool_format)
+        content = reply.content[len(opening) :] if reply.content.startswith(opening) else reply.content
+        return dataclasses.replace(reply, content=content)
 
     # --- internals ------------------------------------------------------------------------------
 
@@ -360,6 +372,20 @@ class ChatAgent:
         probe = self.encode("Hi , it 's 5 . Don 't ! <b>ü 🙂</b>\n\t x") + self.end_of_turn_ids
         fast = backend.decode(probe, skip_special_tokens=False)
         return bool(fast == self.tokenizer.decode(probe, skip_special_tokens=False))
+
+    def _find_open_reasoning(self) -> tuple[str, str] | None:
+        """The reasoning tags of :attr:`tool_format` whose opening tag the generation prompt leaves
+        open, if any."""
+        try:
+            prompt = self._render([{"role": "user", "content": _QUESTION}], add_generation_prompt=True)
+        except Exception:  # a template that needs more than a user turn: its first prompt says so later
+            return None
+        tail = prompt[prompt.find(_QUESTION) + len(_QUESTION) :]
+        for opening, closing in TOOL_CALL_FORMATS[self.tool_format].reasoning_tags:
+            at = tail.rfind(opening)
+            if at >= 0 and closing not in tail[at:]:
+                return opening, closing
+        return None
 
     def _find_end_of_turn(self) -> str:
         conversation = [

@@ -184,3 +184,27 @@ def test_a_reply_cut_off_while_thinking_runs_nothing(tokenizer):
     trajectory = play(tokenizer, cut, calls)
     assert calls == [] and trajectory.messages[-1] == Message("assistant", cut)
     assert generated_turns(tokenizer, trajectory) == [cut + "<|im_end|>"]
+
+
+# Qwen3-Thinking-2507 and the DeepSeek-R1 templates open the reasoning block in the generation
+# prompt: the completion starts inside it and shows only its `</think>`.
+PROMPT_OPENS_THINKING = QWEN3_LIKE_TEMPLATE.replace(
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}",
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}",
+)
+
+
+def test_a_call_in_reasoning_the_prompt_opened_is_not_run(tokenizer):
+    calls: list[str] = []
+    completion = f"I could look it up:\n{CALL}\nbut I know it already.\n</think>\n\n42"
+    env_class = lookup_env(calls)
+    agent = ChatAgent.from_env(tokenizer, env_class(), chat_template=PROMPT_OPENS_THINKING)
+    assert agent.opens_reasoning == ("<think>", "</think>")
+    policy = ScriptedPolicy(tokenizer, completion, end_of_turn_ids=agent.end_of_turn_ids)
+    engine = RolloutEngine(env_class, agent, policy, limits=EpisodeLimits(max_turns=3))
+    (trajectory,) = asyncio.run(engine.collect(num_groups=1))
+    assert calls == [] and trajectory.reward == 1.0
+    assert trajectory.messages[-1] == Message("assistant", completion)  # as written, no tag added
+    after = agent.parse(f"Let me look it up.\n</think>\n\n{CALL}")
+    assert [c.name for c in after.tool_calls] == ["lookup"]  # a call after the block is run
+    assert ChatAgent(tokenizer, chat_template=QWEN3_LIKE_TEMPLATE).opens_reasoning is None
