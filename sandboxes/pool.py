@@ -15,7 +15,9 @@
 
 Rules of a pool:
 
-- At most ``size`` sandboxes exist at once: idle, lent, or being made or reset by the pool.
+- At most ``size`` sandboxes exist at once: idle, lent, or being made or reset by the pool. A
+  discarded one still being closed no longer counts: its slot goes to the next caller at once
+  (a close can hang on a wedged sandbox; nobody should wait for it).
   :meth:`SandboxPool.start` (or entering ``with`` / ``async with``) makes them all now, in parallel;
   otherwise :meth:`~SandboxPool.acquire` makes them one at a time, as they are needed. A caller that
   finds none idle and the pool full waits, first come first served, at most ``timeout`` seconds,

@@ -71,6 +71,18 @@ def test_episodes_run_concurrently(tiny_tokenizer):
     assert policy.max_in_flight == 16
 
 
+def test_concurrency_caps_every_stream_of_an_engine_together(tiny_tokenizer):
+    # A training controller streams each chunk of groups on its own; the cap is the engine's.
+    policy = ScriptedPolicy(tiny_tokenizer, solver, delay=0.05)
+    engine = engine_for(tiny_tokenizer, policy, group_size=4, concurrency=6)
+
+    async def two_streams():
+        return await asyncio.gather(engine.collect(num_groups=3), engine.collect(num_groups=3))
+
+    first, second = asyncio.run(two_streams())
+    assert len(first) == len(second) == 12 and policy.max_in_flight == 6
+
+
 def test_turn_limit_and_context_limit_truncate(tiny_tokenizer):
     wrong = ScriptedPolicy(tiny_tokenizer, "no idea")
     (t,) = asyncio.run(engine_for(tiny_tokenizer, wrong, limits=EpisodeLimits(max_turns=3)).collect(1))

@@ -114,8 +114,9 @@ class GroupScheduler(Generic[EnvT]):
     Each group plays ``group_size`` episodes of the same task (the same env seed) with independent
     samples; they share a group id. With ``redundancy`` > 0 a group starts that many extra
     episodes, and the :class:`~agentrl.rollout.buffer.TrajectoryBuffer` keeps the first
-    ``group_size`` to finish. At most ``concurrency`` episodes run at once, started in group order;
-    finished envs are kept for later episodes, failed ones closed.
+    ``group_size`` to finish. At most ``concurrency`` episodes run at once, across every stream of
+    the scheduler, started in group order; finished envs are kept for later episodes, failed ones
+    closed.
 
     Every finished episode is counted: :attr:`stats` over every trajectory (one per agent per
     episode), :attr:`policy_stats` the same per policy id, :attr:`episodes` and
@@ -155,6 +156,10 @@ class GroupScheduler(Generic[EnvT]):
         self.episodes = 0
         self.failed_episodes = 0
         self._idle_envs: list[EnvT] = []
+        # One cap for every stream of this scheduler: a controller that runs several streams at
+        # once (one per chunk of groups) still plays at most `concurrency` episodes. An asyncio
+        # semaphore binds to one loop, so there is one per loop.
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._next_group = 0
         self._seconds = 0.0  # the rollout time of earlier calls, for the stats' tokens/s
 
@@ -189,11 +194,14 @@ class GroupScheduler(Generic[EnvT]):
 
         # `concurrency` workers, each playing episodes one after another, rather than a task per
         # episode waiting on a semaphore: the same order and concurrency, a fraction of the tasks.
+        slots = self._semaphore()
+
         async def worker() -> None:
             while todo:
                 task = todo.popleft()
                 try:
-                    episode = await self._play_one(task)
+                    async with slots:
+                        episode = await self._play_one(task)
                 except Exception as e:  # a setup error (see PlayFn): hand it to the caller
                     done.put_nowait(e)
                     return
@@ -235,6 +243,12 @@ class GroupScheduler(Generic[EnvT]):
         self.episodes += 1
         self.failed_episodes += any(t.error is not None for t in episode)
         add_episode(self.stats, self.policy_stats, episode, seconds)
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:
+            self._slots = (loop, asyncio.Semaphore(self.concurrency))
+        return self._slots[1]
 
     def close(self) -> None:
         """Close the idle envs."""
