@@ -48,7 +48,7 @@ from rich.text import Text
 import agentrl
 from agentrl.config import ConfigError, load_config
 from agentrl.env import as_agent_env
-from agentrl.registry import load_plugins
+from agentrl.registry import is_multiagent, load_plugins
 from agentrl.sandboxes.cli import sandbox_app
 from agentrl.suggest import did_you_mean
 from agentrl.types import Message
@@ -515,7 +515,8 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
 
     given = [f"{k}={v}" for k, v in options.items() if v is not None]
     config = load_config(RolloutConfig, config_path, [f"env_id={env_id}", *given, *overrides])
-    agentrl.spec(config.env_id)  # an unknown env fails now, before the engine starts
+    if not is_multiagent(config.env_id):  # a multi-agent env plays with one shared policy (mapping "all")
+        agentrl.spec(config.env_id)  # an unknown env fails now, before the engine starts
     total = config.episodes + config.redundancy * (config.episodes // config.group_size)
     columns = (
         TextColumn("[bold]{task.description}"),

@@ -3,7 +3,9 @@
 :class:`~agentrl.config.RolloutConfig` holds every setting (a YAML file fills it; the CLI overrides
 any field as ``key=value``); :func:`rollout` builds the policy and the engine from it
 (:mod:`agentrl.build`), plays the episodes here or on a Ray cluster (``ray_address``), calls a
-progress callback per trajectory, and returns the trajectories and the stats.
+progress callback per trajectory, and returns the trajectories and the stats. A multi-agent env id
+plays with the one policy for every agent (MARLlib's ``all`` mapping): one trajectory per agent
+per episode.
 """
 
 from __future__ import annotations

@@ -119,3 +119,12 @@ def test_rollout_runs_through_the_builder_and_writes_its_trajectories(tiny_model
     with pytest.warns(UserWarning, match="takes no split argument"):
         trajectories, stats = rollout(config, policy=ScriptedPolicy(tiny_tokenizer, "echo"))
     assert len(trajectories) == 4 and stats.successes == 4 and len(list(agentrl.read_jsonl(out))) == 4
+
+
+def test_rollout_plays_a_multi_agent_env_with_one_shared_policy(tiny_model_dir, tiny_tokenizer):
+    config = RolloutConfig(
+        env_id="agentrl/Negotiation-v0", model=str(tiny_model_dir), backend="hf", episodes=2, max_turns=2
+    )
+    trajectories, stats = rollout(config, policy=ScriptedPolicy(tiny_tokenizer, "Claim: 1 book, 1 hat, 1 ball"))
+    assert sorted(t.agent_id for t in trajectories) == ["trader_0", "trader_0", "trader_1", "trader_1"]
+    assert {t.policy_id for t in trajectories} == {"default"} and stats.episodes == 4

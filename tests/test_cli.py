@@ -462,3 +462,14 @@ def test_human_solves_a_calculator_problem():
     result = invoke("play", "agentrl/Calculator-v0", "--seed", "4", "--split", "test", input=f"Answer: {answer:g}\n\n")
     assert result.exit_code == 0, result.output
     assert "reward 1  terminated True" in result.output
+
+
+def test_rollout_plays_a_multi_agent_env_with_one_policy(tiny_model_dir, tmp_path):
+    out = tmp_path / "negotiation.jsonl"
+    result = runner.invoke(
+        app,
+        ["rollout", "agentrl/Negotiation-v0", "--backend", "hf", "--model", str(tiny_model_dir), "--episodes", "2",
+         "max_turns=2", "max_tokens=8", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "episodes" in result.output and len(out.read_text().splitlines()) == 4  # one trajectory per agent
