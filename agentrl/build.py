@@ -1,4 +1,4 @@
-"""The set-up chain, written once: config -> policy -> agent -> engine.
+"""The set-up chain, written once: config -> policy -> agent -> engine, and the trainer.
 
 Every entry point builds through here: ``agentrl rollout`` / ``eval`` (:mod:`agentrl.run`),
 ``agentrl train`` (:mod:`agentrl.train`), the Ray env workers (:mod:`agentrl.rollout.ray`) and a
@@ -35,6 +35,8 @@ from agentrl.policies import Policy, Sampling
 from agentrl.policies import make_policy as make_backend
 from agentrl.registry import MultiAgentEnv, is_multiagent, make, make_multiagent, spec
 from agentrl.rollout import EpisodeLimits, MultiAgentRolloutEngine, RolloutEngine, close_quietly
+from agentrl.trainers.models import ValueModel, load_policy_model, load_reference_model, pad_token_id
+from agentrl.trainers.trainer import Trainer, TrainerConfig
 
 Engine = RolloutEngine | MultiAgentRolloutEngine
 
@@ -191,6 +193,26 @@ def build_engine(
     finally:
         close_quietly(probe_env)
     return RolloutEngine(make_env, agent, policy, policy_id=policy_id, **schedule)
+
+
+def build_trainer(
+    model_path: str, config: TrainerConfig, tokenizer: Any, *, device: str = "cpu", dtype: str = "float32"
+) -> Trainer:
+    """The :class:`~agentrl.trainers.trainer.Trainer` of ``config`` on the model at ``model_path``
+    (padding with ``tokenizer``'s pad id), with a reference model when ``config.kl_coef`` > 0 and a
+    value model for PPO."""
+    model = load_policy_model(
+        model_path,
+        dtype=dtype,
+        device=device,
+        lora_rank=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        trainable_layers=config.trainable_layers,
+        gradient_checkpointing=config.gradient_checkpointing,
+    )
+    ref_model = load_reference_model(model_path, device=device) if config.kl_coef > 0 else None
+    value_model = ValueModel(model_path, device=device) if config.algorithm == "ppo" else None
+    return Trainer(model, config, pad_token_id=pad_token_id(tokenizer), ref_model=ref_model, value_model=value_model)
 
 
 def _policy(policies: Mapping[str, Policy], policy_id: str, env_id: str) -> Policy:

@@ -48,6 +48,7 @@ from rich.text import Text
 import agentrl
 from agentrl.config import ConfigError, load_config
 from agentrl.env import as_agent_env
+from agentrl.metrics import policy_metric
 from agentrl.registry import is_multiagent, load_plugins
 from agentrl.sandboxes.cli import sandbox_app
 from agentrl.suggest import did_you_mean
@@ -614,6 +615,15 @@ class _TrainProgress:
         return Progress(on_phase=on_phase, on_advance=on_advance)
 
 
+_EVAL_ROWS = (
+    ("eval/success_rate", "success rate", "{:.1%}"),
+    ("eval/reward_mean", "mean reward", "{:.3f}"),
+    ("eval/episodes", "episodes", "{:.0f}"),
+    ("eval/failed", "failed", "{:.0f}"),
+)
+"""The held-out rows of ``agentrl train``'s summary: metric, label, format."""
+
+
 def _print_train_summary(config: Any, result: Any) -> None:
     table = Table(
         title=f"{config.rollout.env_id} · {config.rollout.model} · {config.trainer.algorithm} · {result.steps} steps",
@@ -623,17 +633,19 @@ def _print_train_summary(config: Any, result: Any) -> None:
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
     before, after = result.eval_before or {}, result.eval_after or {}
-    for name, label, fmt in (
-        ("eval/success_rate", "success rate", "{:.1%}"),
-        ("eval/reward_mean", "mean reward", "{:.3f}"),
-        ("eval/episodes", "episodes", "{:.0f}"),
-        ("eval/failed", "failed", "{:.0f}"),
-    ):
-        table.add_row(
-            label,
-            fmt.format(before[name]) if name in before else "-",
-            fmt.format(after[name]) if name in after else "-",
-        )
+    # A multi-policy run evaluates each policy under eval/<policy>/...: one block of rows per policy.
+    # getattr: a TrainResult without the field is a single-policy run's.
+    policies = getattr(result, "policies", None) or [None]
+    for index, policy in enumerate(policies):
+        if index:
+            table.add_section()
+        for name, label, fmt in _EVAL_ROWS:
+            metric = name if policy is None else policy_metric(name, policy)
+            table.add_row(
+                label if policy is None else f"{policy} {label}",
+                fmt.format(before[metric]) if metric in before else "-",
+                fmt.format(after[metric]) if metric in after else "-",
+            )
     console.print(table)
     console.print(f"run dir: {escape(str(result.run_dir))}")
     if result.model_dir is not None:

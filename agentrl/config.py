@@ -157,11 +157,48 @@ def from_dict(cls: type[T], data: dict[str, Any], source: str = "config") -> T:
                 raise ConfigError(f"{cls.__name__}.{key} is a section: give a mapping of its fields, got {value!r}.")
             values[key] = from_dict(hints[key], value, source)
             continue
+        section = _section_of(hints[key])
+        if section is not None:  # dict[str, Config] or list[Config]: a section per entry
+            values[key] = _sections(section, value, hints[key], f"{cls.__name__}.{key}", source)
+            continue
         values[key] = _coerce(value, hints[key], f"{cls.__name__}.{key}")
     try:
         return cls(**values)
     except TypeError as e:
         raise ConfigError(f"{cls.__name__}: {e}") from e
+
+
+def _section_of(hint: Any) -> type | None:
+    """The config dataclass of a ``dict[str, Config]`` or ``list[Config]`` field, else None."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is dict and len(args) == 2 and dataclasses.is_dataclass(args[1]):
+        return args[1]  # type: ignore[return-value]
+    if typing.get_origin(hint) is list and len(args) == 1 and dataclasses.is_dataclass(args[0]):
+        return args[0]  # type: ignore[return-value]
+    return None
+
+
+def _sections(section: type, value: Any, hint: Any, where: str, source: str) -> Any:
+    """Each entry of a ``dict[str, Config]`` / ``list[Config]`` field built as its dataclass."""
+    if typing.get_origin(hint) is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a mapping of name: {{fields of {section.__name__}}}, got {value!r}.")
+        entries = value.items()
+    else:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list of {{fields of {section.__name__}}}, got {value!r}.")
+        entries = enumerate(value)
+    built = {}
+    for name, entry in entries:
+        if entry is None:
+            entry = {}
+        if dataclasses.is_dataclass(entry):
+            built[name] = entry
+            continue
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{where}[{name!r}] must be a mapping of {section.__name__} fields, got {entry!r}.")
+        built[name] = from_dict(section, entry, f"{source}, {where}[{name!r}]")
+    return built if typing.get_origin(hint) is dict else list(built.values())
 
 
 def to_dict(config: Any) -> dict[str, Any]:

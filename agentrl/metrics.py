@@ -14,8 +14,11 @@ line by line, so killing the process loses at most the line being written. Tenso
 later; nothing here touches the network).
 
 Names: every name in :data:`METRICS` has a fixed meaning (``docs/metrics.md`` is generated from that
-table). Free-form names are welcome under ``env/<env id>/...`` and ``sandbox/...``; any other name
-is logged anyway but warned about once, since it is most likely a typo.
+table). A multi-policy run logs each policy's metrics as ``<kind>/<policy id>/<name>``, where
+``<kind>/<name>`` is a fixed name (:data:`PER_POLICY`; :func:`policy_metric` builds such a name,
+:func:`split_policy_metric` takes one apart). Free-form names are welcome under ``env/<env id>/...``
+and ``sandbox/...``; any other name is logged anyway but warned about once, since it is most likely
+a typo.
 
 Resuming: a logger opened on a run directory that already has a ``metrics.jsonl`` appends to it. A
 run resumed from an earlier checkpoint logs steps again; :func:`read_metrics` then keeps what the
@@ -75,6 +78,7 @@ METRICS: Mapping[str, str] = {
     "train/staleness_max": "largest policy-version lag of any trained token",
     "train/policy_version": "the policy version after this step's update",
     "train/stale_groups": "groups the staleness bound has dropped since the run (or its resumed session) started",
+    "train/stage": "index of the training stage the run is in, from 0 (multi-policy runs)",
     # Throughput and where the time went.
     "perf/tokens_per_s": "generated tokens per second of the whole step (rollout, training and weight sync)",
     "perf/rollout_tokens_per_s": "generated tokens per second of rollout wall time",
@@ -97,7 +101,23 @@ FREE_FORM_PREFIXES: Mapping[str, str] = {
 }
 """Name families with no fixed members, and what goes in them."""
 
+POLICY_KINDS: tuple[str, ...] = ("rollout", "train", "perf", "eval")
+"""The kinds of fixed name that a multi-policy run logs once per policy."""
+
+PER_POLICY: Mapping[str, str] = {
+    "<kind>/<policy id>/<name>": (
+        "one policy's value of the fixed name `<kind>/<name>` in a multi-policy run, where kind is "
+        f"{', '.join(POLICY_KINDS[:-1])} or {POLICY_KINDS[-1]}, e.g. `train/trader_0/loss`, "
+        "`eval/trader_1/success_rate`; each policy counts its own steps"
+    ),
+}
+"""The per-policy family: every fixed name of :data:`POLICY_KINDS`, once per policy."""
+
 _FREE_FORM = re.compile(r"^(env/\S+/[^/\s]+|sandbox/\S+)$")
+# kind / policy id / rest of the fixed name. A policy id is any name without "/" or whitespace; the
+# kinds leave env/<env id>/... out, whatever the env id looks like.
+_PER_POLICY = re.compile(rf"^({'|'.join(POLICY_KINDS)})/([^/\s]+)/([^/\s]+)$")
+_PER_POLICY_METRICS = [name for name in METRICS if name.split("/")[0] in POLICY_KINDS]
 _RESERVED = ("step", "time")
 
 
@@ -106,20 +126,64 @@ class MetricsWarning(UserWarning):
 
 
 def is_known_metric(name: str) -> bool:
-    """Whether ``name`` is in :data:`METRICS` or in one of the free-form families.
+    """Whether ``name`` is in :data:`METRICS`, is a policy's value of one of them, or is in one of the
+    free-form families.
 
     >>> is_known_metric("train/kl"), is_known_metric("env/agentrl/Calculator-v0/solved")
     (True, True)
-    >>> is_known_metric("train/kll")
-    False
+    >>> is_known_metric("train/trader_0/kl"), is_known_metric("train/trader_0/kll"), is_known_metric("train/kll")
+    (True, False, False)
     """
-    return name in METRICS or _FREE_FORM.match(name) is not None
+    if name in METRICS or _FREE_FORM.match(name) is not None:
+        return True
+    split = split_policy_metric(name)
+    return split is not None and split[1] in METRICS
+
+
+def policy_metric(name: str, policy: str) -> str:
+    """The name under which a multi-policy run logs ``policy``'s value of the fixed ``name``.
+
+    >>> policy_metric("train/loss", "trader_0")
+    'train/trader_0/loss'
+
+    Raises:
+        ValueError: ``name`` is not a fixed name of :data:`POLICY_KINDS`, or ``policy`` is empty or
+            holds a ``/`` or whitespace.
+    """
+    kind, _, rest = name.partition("/")
+    if name not in METRICS or kind not in POLICY_KINDS:
+        raise ValueError(
+            f"{name!r} has no per-policy form: expected a name of agentrl.metrics.METRICS whose kind is one of "
+            f"{POLICY_KINDS}.{_did_you_mean(name, _PER_POLICY_METRICS)}"
+        )
+    if not re.fullmatch(r"[^/\s]+", policy):
+        raise ValueError(f"Policy ids in metric names must be non-empty with no '/' or whitespace, got {policy!r}.")
+    return f"{kind}/{policy}/{rest}"
+
+
+def split_policy_metric(name: str) -> tuple[str, str] | None:
+    """``(policy id, fixed name)`` of a per-policy metric name, or None for any other name.
+
+    It reads the shape only: the fixed name that comes back may be unknown (a typo).
+
+    >>> split_policy_metric("rollout/trader_1/reward_mean")
+    ('trader_1', 'rollout/reward_mean')
+    >>> split_policy_metric("rollout/reward_mean"), split_policy_metric("env/agentrl/Negotiation-v0/x")
+    (None, None)
+    """
+    match = _PER_POLICY.match(name)
+    if match is None:
+        return None
+    kind, policy, rest = match.groups()
+    return policy, f"{kind}/{rest}"
 
 
 def metrics_table() -> str:
-    """The Markdown table of :data:`METRICS` and :data:`FREE_FORM_PREFIXES` in ``docs/metrics.md``."""
+    """The Markdown table of :data:`METRICS`, :data:`PER_POLICY` and :data:`FREE_FORM_PREFIXES` in
+    ``docs/metrics.md``."""
     rows = ["| name | meaning |", "|---|---|"]
     rows += [f"| `{name}` | {meaning} |" for name, meaning in METRICS.items()]
+    rows += [f"| `{family}` | {meaning} (per policy) |" for family, meaning in PER_POLICY.items()]
     rows += [f"| `{family}` | {meaning} (free-form) |" for family, meaning in FREE_FORM_PREFIXES.items()]
     return "\n".join(rows)
 
@@ -257,7 +321,10 @@ def read_metrics(run_dir: str | Path, *, raw: bool = False) -> list[dict[str, An
     Entries with the same step are merged (a later value of a name wins), so a step's training and
     evaluation metrics may be logged separately. A step lower than the one logged before it marks a
     resumed run: what the earlier run logged from that step on is dropped, so every step shows the
-    values of the run that the final checkpoints descend from. A torn last line (the writer was
+    values of the run that the final checkpoints descend from. In a multi-policy run each policy
+    counts its own steps, so this is judged per policy: a line's ``<kind>/<policy id>/<name>``
+    values are compared with that policy's earlier lines and only that policy's later values are
+    dropped; names without a policy form one more such stream. A torn last line (the writer was
     killed mid-line) is skipped. ``null`` values read as ``None``.
 
     Args:
@@ -299,15 +366,26 @@ def read_metrics(run_dir: str | Path, *, raw: bool = False) -> list[dict[str, An
 
 def _merge_steps(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     merged: dict[int, dict[str, Any]] = {}
-    previous: int | None = None
+    previous: dict[str | None, int] = {}  # the last step of each stream: a policy id, None for the rest
     for entry in entries:
         step = entry["step"]
-        if previous is not None and step < previous:  # a resumed run replaces the steps it redoes
-            for stale in [s for s in merged if s >= step]:
-                del merged[stale]
+        for stream in {_stream(name) for name in entry if name not in _RESERVED} or {None}:
+            if step < previous.get(stream, step):  # a resumed run replaces the steps it redoes
+                for stale in [s for s in merged if s >= step]:
+                    kept = {k: v for k, v in merged[stale].items() if k in _RESERVED or _stream(k) != stream}
+                    if kept.keys() <= set(_RESERVED):
+                        del merged[stale]
+                    else:
+                        merged[stale] = kept
+            previous[stream] = step
         merged.setdefault(step, {}).update(entry)
-        previous = step
     return [merged[step] for step in sorted(merged)]
+
+
+def _stream(name: str) -> str | None:
+    """The policy whose step counter a logged name follows; None for names of the whole run."""
+    split = split_policy_metric(name)
+    return split[0] if split is not None else None
 
 
 def _repair_torn_tail(path: Path) -> bool:
@@ -355,12 +433,25 @@ def _as_number(name: str, value: Any) -> float | int:
 
 
 def _unknown_name_message(name: str) -> str:
-    close = difflib.get_close_matches(name, list(METRICS), n=1, cutoff=0.8)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    # The nearest fixed name, or the nearest of this policy's names when the name has a policy's
+    # shape ("train/trader_0/kll" -> "train/trader_0/kl"); whichever is closer.
+    candidates = [(name, fixed, fixed) for fixed in METRICS]
+    split = split_policy_metric(name)
+    if split is not None:
+        policy, base = split
+        candidates += [(base, fixed, policy_metric(fixed, policy)) for fixed in _PER_POLICY_METRICS]
+    ratio, suggestion = max((difflib.SequenceMatcher(None, a, b).ratio(), s) for a, b, s in candidates)
+    hint = f" Did you mean {suggestion!r}?" if ratio >= 0.8 else ""
     return (
         f"Unknown metric name {name!r} (logged anyway).{hint} The fixed names are in "
-        f"agentrl.metrics.METRICS; free-form names go under env/<env id>/... or sandbox/...."
+        f"agentrl.metrics.METRICS, a policy's values of them are <kind>/<policy id>/<name>; free-form "
+        f"names go under env/<env id>/... or sandbox/...."
     )
+
+
+def _did_you_mean(name: str, names: list[str]) -> str:
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.8)
+    return f" Did you mean {close[0]!r}?" if close else ""
 
 
 def _import_summary_writer() -> Any:

@@ -11,6 +11,10 @@ lines; evaluation metrics (``eval/…``, typically logged before training, every
 last step) are drawn as labelled markers on the same panels, so "before" and "after" read off the
 picture. A ``null`` value (a NaN that was logged) leaves a gap in its line.
 
+A multi-policy run's ``<kind>/<policy id>/<name>`` metrics are drawn beside the plain ones: one line
+(or set of markers) per policy, labelled with the policy id (``trader_0 reward_mean``). Each policy
+counts its own steps, and the x axis is the step, so the policies' lines share the axis.
+
 Drawing uses matplotlib's object API on an Agg canvas: no display and no change to pyplot's global
 backend, so it works on headless machines and inside other programs.
 """
@@ -26,7 +30,7 @@ from typing import Any
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from agentrl.metrics import METRICS_FILE, read_metrics
+from agentrl.metrics import METRICS_FILE, policy_metric, read_metrics, split_policy_metric
 
 PLOT_FILE = "curves.png"
 """The default file name of the picture, inside the run directory."""
@@ -124,26 +128,42 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 @dataclass
 class _Series:
     name: str
+    """The logged metric."""
+    label: str
+    """Its legend entry."""
     steps: list[int]
     values: list[float]
     as_markers: bool
 
 
 def _panel_series(panel: Panel, entries: list[dict[str, Any]]) -> list[_Series]:
-    names = [(name, False) for name in panel.lines]
+    # (logged name, label, as markers): the plain names, each policy's value of them, then the envs'.
+    policies = list(
+        dict.fromkeys(split[0] for entry in entries for name in entry if (split := split_policy_metric(name)))
+    )
+    names = [(name, name, False) for name in panel.lines]
+    names += [(policy_metric(name, p), _policy_label(name, p), False) for name in panel.lines for p in policies]
     if panel.env_suffix is not None:
         pattern = re.compile(rf"^env/\S+/{re.escape(panel.env_suffix)}$")
         env_names = sorted({name for entry in entries for name in entry if pattern.match(name)})
-        names += [(name, False) for name in env_names]
-    names += [(name, True) for name in panel.markers]
+        names += [(name, name, False) for name in env_names]
+    names += [(name, name, True) for name in panel.markers]
+    names += [(policy_metric(name, p), _policy_label(name, p), True) for name in panel.markers for p in policies]
     series = []
-    for name, as_markers in names:
+    for name, label, as_markers in names:
         points = [(entry["step"], entry[name]) for entry in entries if name in entry]
         if not any(value is not None for _, value in points):
             continue
         values = [math.nan if value is None else float(value) for _, value in points]  # null: a gap
-        series.append(_Series(name, [step for step, _ in points], values, as_markers))
+        series.append(_Series(name, label, [step for step, _ in points], values, as_markers))
     return series
+
+
+def _policy_label(name: str, policy: str) -> str:
+    """``trader_0 reward_mean`` for a policy's line; evaluations keep their kind, since the reward
+    and success panels draw ``rollout/...`` and ``eval/...`` of one name (``trader_0 eval/reward_mean``)."""
+    kind, _, rest = name.partition("/")
+    return f"{policy} {name if kind == 'eval' else rest}"
 
 
 def _draw_panel(ax: Axes, panel: Panel, series: list[_Series]) -> None:
@@ -155,7 +175,7 @@ def _draw_panel(ax: Axes, panel: Panel, series: list[_Series]) -> None:
     for s in series:
         if s.as_markers:
             ax.margins(y=0.15)  # room for the value labels above the markers
-            ax.plot(s.steps, s.values, linestyle="none", marker="D", markersize=7, label=s.name, zorder=3)
+            ax.plot(s.steps, s.values, linestyle="none", marker="D", markersize=7, label=s.label, zorder=3)
             for step, value in zip(s.steps, s.values):
                 if math.isfinite(value):
                     ax.annotate(
@@ -169,5 +189,5 @@ def _draw_panel(ax: Axes, panel: Panel, series: list[_Series]) -> None:
         else:
             # A short run would show as nearly invisible segments without point markers.
             marker = "." if len(s.steps) <= 20 else None
-            ax.plot(s.steps, s.values, marker=marker, linewidth=1.5, label=s.name)
+            ax.plot(s.steps, s.values, marker=marker, linewidth=1.5, label=s.label)
     ax.legend(fontsize=7, loc="best")

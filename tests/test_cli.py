@@ -1,6 +1,6 @@
 """The ``agentrl`` command line: ``envs``, ``check`` and ``play``, through typer's CliRunner and once
 through the installed console script; every command's user errors (one message, exit 2, no
-traceback)."""
+traceback); ``agentrl train``'s summary table, printed from a fake result."""
 
 from __future__ import annotations
 
@@ -473,3 +473,50 @@ def test_rollout_plays_a_multi_agent_env_with_one_policy(tiny_model_dir, tmp_pat
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "episodes" in result.output and len(out.read_text().splitlines()) == 4  # one trajectory per agent
+
+
+# --- agentrl train's summary ------------------------------------------------------------------
+
+
+def train_summary(capsys, **result_fields) -> tuple[str, list[str]]:
+    """The printed summary of a fake TrainResult: its text with whitespace runs made one space, and
+    its table's rows as "label │ before │ after"."""
+    from types import SimpleNamespace
+
+    from agentrl.cli import _print_train_summary
+
+    config = SimpleNamespace(
+        rollout=SimpleNamespace(env_id="agentrl/Negotiation-v0", model="tiny"),
+        trainer=SimpleNamespace(algorithm="grpo"),
+    )
+    result = SimpleNamespace(steps=8, run_dir=Path("runs/x"), model_dir=None, plot=None, **result_fields)
+    _print_train_summary(config, result)
+    out = capsys.readouterr().out
+    rows = [" ".join(line.strip("│ ").split()) for line in out.splitlines() if line.startswith("│")]
+    return " ".join(out.split()), rows
+
+
+def test_train_summary_has_one_block_of_rows_per_policy(capsys):
+    before = {"eval/trader_0/success_rate": 0.25, "eval/trader_0/reward_mean": 0.5, "eval/trader_1/episodes": 16}
+    after = {"eval/trader_0/success_rate": 0.75, "eval/trader_1/reward_mean": 1.25, "eval/trader_1/failed": 1}
+    text, rows = train_summary(capsys, policies=["trader_0", "trader_1"], eval_before=before, eval_after=after)
+    assert text.startswith("agentrl/Negotiation-v0 · tiny · grpo · 8 steps")
+    assert rows == [
+        "trader_0 success rate │ 25.0% │ 75.0%",
+        "trader_0 mean reward │ 0.500 │ -",
+        "trader_0 episodes │ - │ -",
+        "trader_0 failed │ - │ -",
+        "trader_1 success rate │ - │ -",
+        "trader_1 mean reward │ - │ 1.250",
+        "trader_1 episodes │ 16 │ -",
+        "trader_1 failed │ - │ 1",
+    ]
+    assert text.count("├") == 1  # a rule between the two blocks
+
+
+def test_train_summary_of_a_single_policy_run_has_the_plain_rows(capsys):
+    before, after = {"eval/success_rate": 0.5}, {"eval/success_rate": 1.0, "eval/episodes": 4}
+    for fields in ({}, {"policies": []}):  # a TrainResult from before the field, and one with it empty
+        text, rows = train_summary(capsys, eval_before=before, eval_after=after, **fields)
+        assert text.startswith("agentrl/Negotiation-v0 · tiny · grpo · 8 steps")
+        assert rows == ["success rate │ 50.0% │ 100.0%", "mean reward │ - │ -", "episodes │ - │ 4", "failed │ - │ -"]

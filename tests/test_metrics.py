@@ -19,11 +19,15 @@ import pytest
 from agentrl.metrics import (
     FREE_FORM_PREFIXES,
     METRICS,
+    PER_POLICY,
+    POLICY_KINDS,
     MetricsLogger,
     MetricsWarning,
     is_known_metric,
     metrics_table,
+    policy_metric,
     read_metrics,
+    split_policy_metric,
 )
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
@@ -34,6 +38,7 @@ rollout/turns_mean rollout/response_tokens_mean train/loss train/policy_loss tra
 train/entropy train/clip_fraction train/grad_norm train/lr train/advantage_mean train/staleness_mean
 train/staleness_max train/policy_version perf/tokens_per_s perf/train_tokens_per_s perf/time_rollout
 perf/time_train perf/time_sync perf/time_step eval/success_rate eval/reward_mean eval/episodes
+train/stage
 """.split()
 
 
@@ -57,7 +62,7 @@ def test_docs_page_shows_the_generated_table():
     assert block == metrics_table(), "docs/metrics.md is stale: paste metrics_table() between the markers"
     for name in METRICS:
         assert f"| `{name}` |" in block
-    for family in FREE_FORM_PREFIXES:
+    for family in [*PER_POLICY, *FREE_FORM_PREFIXES]:
         assert f"| `{family}` |" in block
 
 
@@ -68,6 +73,33 @@ def test_known_names():
     assert is_known_metric("sandbox/exec_seconds_mean")
     for typo in ("train/kll", "rollout/reward", "env/agentrl", "env//x", "kl", "Train/kl"):
         assert not is_known_metric(typo), typo
+
+
+def test_per_policy_names_are_the_fixed_names_with_a_policy_id():
+    for name in ("train/trader_0/loss", "rollout/trader_1/reward_mean", "eval/trader_0/success_rate"):
+        assert is_known_metric(name), name
+    assert is_known_metric("perf/trader_0/time_train") and is_known_metric("train/red-team.v2/stage")
+    unknown = ("train/trader_0/kll", "train/trader_0/", "train//loss", "train/trader 0/loss", "train/a/b/loss")
+    for name in (*unknown, "sandbox_x/trader_0/loss", "Train/trader_0/loss"):
+        assert not is_known_metric(name), name
+    for name in METRICS:
+        assert name.split("/")[0] in POLICY_KINDS
+        per_policy = policy_metric(name, "trader_1")
+        assert split_policy_metric(per_policy) == ("trader_1", name) and is_known_metric(per_policy)
+        assert split_policy_metric(name) is None
+    assert policy_metric("train/loss", "trader_0") == "train/trader_0/loss"
+    assert split_policy_metric("train/trader_0/kll") == ("trader_0", "train/kll")  # the shape only
+    # An env id has slashes and a version, and env/ is no policy kind: never a policy's metric.
+    assert split_policy_metric("env/agentrl/Negotiation-v0/x") is None
+    assert is_known_metric("env/agentrl/Negotiation-v0/x") and is_known_metric("sandbox/trader_0/x")
+
+
+def test_per_policy_names_are_refused_for_unknown_names_and_bad_ids():
+    with pytest.raises(ValueError, match=r"'train/los' has no per-policy form: .* Did you mean 'train/loss'\?"):
+        policy_metric("train/los", "trader_0")
+    for policy in ("", "a/b", "a b"):
+        with pytest.raises(ValueError, match="no '/' or whitespace"):
+            policy_metric("train/loss", policy)
 
 
 # --- the JSONL record -------------------------------------------------------------------------
@@ -160,6 +192,40 @@ def test_same_step_merges_and_a_resume_replaces_the_redone_steps(tmp_path):
     assert merged["train/loss"] == 1.0 and merged["train/kl"] == 0.25 and merged["eval/success_rate"] == 0.4
 
 
+def test_each_policy_counts_its_own_steps_and_resumes_on_its_own(tmp_path):
+    # Stage 0 trains trader_0 for steps 1-4, stage 1 trader_1 for its steps 1-3: trader_1's step 1
+    # after trader_0's step 4 is no resume.
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(0, {"eval/trader_0/success_rate": 0.1, "eval/trader_1/success_rate": 0.2})
+        for step in range(1, 5):
+            logger.log(step, {"train/trader_0/loss": float(step), "train/stage": 0})
+        for step in range(1, 4):
+            logger.log(step, {"train/trader_1/loss": 10.0 + step})
+    entries = read_metrics(tmp_path)
+    assert [e["step"] for e in entries] == [0, 1, 2, 3, 4]
+    assert [e.get("train/trader_0/loss") for e in entries] == [None, 1, 2, 3, 4]
+    assert [e.get("train/trader_1/loss") for e in entries] == [None, 11, 12, 13, None]
+    assert entries[0]["eval/trader_1/success_rate"] == 0.2
+
+    # trader_1 resumed from its step 2 checkpoint: only its step 3 is dropped, then redone.
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(2, {"train/trader_1/loss": 20.0})
+    entries = read_metrics(tmp_path)
+    assert [e.get("train/trader_1/loss") for e in entries] == [None, 11, 20, None, None]
+    assert [e.get("train/trader_0/loss") for e in entries] == [None, 1, 2, 3, 4]
+    assert [e.get("train/stage") for e in entries] == [None, 0, 0, 0, 0]
+
+    # The whole run resumed from step 2 (names without a policy): their later values go, and a step
+    # left with nothing at all goes with them.
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(2, {"train/stage": 1})
+        logger.log(2, {"train/trader_0/loss": 30.0})
+    entries = read_metrics(tmp_path)
+    assert [e["step"] for e in entries] == [0, 1, 2]
+    assert [e.get("train/stage") for e in entries] == [None, 0, 1]
+    assert [e.get("train/trader_0/loss") for e in entries] == [None, 1, 30]
+
+
 def test_non_finite_values_are_null_and_warned_once_per_name(tmp_path):
     with MetricsLogger(tmp_path) as logger:
         with pytest.warns(MetricsWarning) as record:
@@ -189,8 +255,24 @@ def test_unknown_names_warn_once_with_a_suggestion(tmp_path):
         first, second = (str(w.message) for w in record)  # once per name, not per call
         assert first.startswith("Unknown metric name 'train/kll' (logged anyway). Did you mean 'train/kl'?")
         assert second.startswith("Unknown metric name 'myloss' (logged anyway). The fixed names")
-        assert "env/<env id>/" in second
+        assert "env/<env id>/" in second and "<kind>/<policy id>/<name>" in second
     assert read_metrics(tmp_path)[-1]["train/kll"] == 0.5  # logged anyway
+
+
+def test_per_policy_names_warn_only_on_typos_and_suggest_within_the_policy(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            logger.log(0, {policy_metric(name, "trader_0"): 0.0 for name in METRICS})
+            logger.log(0, {"env/agentrl/Negotiation-v0/deals": 1.0, "train/stage": 1})
+        with pytest.warns(MetricsWarning) as record:
+            logger.log(1, {"train/trader_0/kll": 0.5, "eval/trader_1/sucess_rate": 1.0, "rollout/reward/mean": 0})
+        messages = [str(w.message) for w in record]
+        assert messages[0].startswith(
+            "Unknown metric name 'train/trader_0/kll' (logged anyway). Did you mean 'train/trader_0/kl'?"
+        )
+        assert "Did you mean 'eval/trader_1/success_rate'?" in messages[1]
+        assert "Did you mean 'rollout/reward_mean'?" in messages[2]  # the nearer of the two readings
 
 
 def test_bad_input_is_refused_with_the_reason(tmp_path):

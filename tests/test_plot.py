@@ -12,8 +12,8 @@ from matplotlib.image import imread
 from typer.testing import CliRunner
 
 from agentrl.cli import app
-from agentrl.metrics import MetricsLogger
-from agentrl.plot import DPI, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, PANELS, plot_run
+from agentrl.metrics import MetricsLogger, read_metrics
+from agentrl.plot import DPI, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, PANELS, _panel_series, plot_run
 
 runner = CliRunner()
 PANEL_PX = (round(PANEL_HEIGHT_IN * DPI), round(PANEL_WIDTH_IN * DPI))  # rows, columns of pixels
@@ -75,6 +75,48 @@ def test_a_run_with_only_evaluations_draws_them_as_markers(tmp_path):
         logger.log(0, {"eval/success_rate": 0.2, "eval/reward_mean": 0.1})
         logger.log(10, {"eval/success_rate": 0.5, "eval/reward_mean": 0.4})
     assert_drawn(plot_run(tmp_path), (1, 2))  # reward and success rate only
+
+
+def test_a_multi_policy_run_draws_one_line_per_policy(tmp_path):
+    # Stage 0 trains trader_0 for its steps 1-6, stage 1 trader_1 for its steps 1-4; each is
+    # evaluated at its step 0 and its last step. trader_1 logs no rollout success rate.
+    with MetricsLogger(tmp_path) as logger:
+        for policy, steps in (("trader_0", 6), ("trader_1", 4)):
+            logger.log(0, {f"eval/{policy}/reward_mean": 0.1, f"eval/{policy}/success_rate": 0.2})
+            for step in range(1, steps + 1):
+                metrics = {f"rollout/{policy}/reward_mean": step / steps, f"train/{policy}/loss": 1 - step / steps}
+                if policy == "trader_0":
+                    metrics["rollout/trader_0/success_rate"] = step / 10
+                logger.log(step, {**metrics, "train/stage": int(policy == "trader_1")})
+            logger.log(steps, {f"eval/{policy}/reward_mean": 0.5, f"eval/{policy}/success_rate": 0.6})
+        logger.log(7, {"rollout/reward_mean": 0.3})  # a plain name too, drawn beside them
+    entries = read_metrics(tmp_path)
+
+    def found(title):
+        (panel,) = [p for p in PANELS if p.title == title]
+        return [(s.name, s.label, s.steps, s.values, s.as_markers) for s in _panel_series(panel, entries)]
+
+    assert found("reward") == [
+        ("rollout/reward_mean", "rollout/reward_mean", [7], [0.3], False),
+        (
+            "rollout/trader_0/reward_mean",
+            "trader_0 reward_mean",
+            [1, 2, 3, 4, 5, 6],
+            [i / 6 for i in range(1, 7)],
+            False,
+        ),
+        ("rollout/trader_1/reward_mean", "trader_1 reward_mean", [1, 2, 3, 4], [0.25, 0.5, 0.75, 1.0], False),
+        ("eval/trader_0/reward_mean", "trader_0 eval/reward_mean", [0, 6], [0.1, 0.5], True),
+        ("eval/trader_1/reward_mean", "trader_1 eval/reward_mean", [0, 4], [0.1, 0.5], True),
+    ]
+    assert [(name, label, markers) for name, label, _, _, markers in found("success rate")] == [
+        ("rollout/trader_0/success_rate", "trader_0 success_rate", False),
+        ("eval/trader_0/success_rate", "trader_0 eval/success_rate", True),
+        ("eval/trader_1/success_rate", "trader_1 eval/success_rate", True),
+    ]
+    assert [label for _, label, _, _, _ in found("loss")] == ["trader_0 loss", "trader_1 loss"]
+    assert found("entropy") == []
+    assert_drawn(plot_run(tmp_path), (1, 3))  # reward, success rate, loss
 
 
 def test_out_may_be_anywhere(tmp_path):

@@ -1,10 +1,14 @@
 """Advantage estimators: pure functions of tensors, one per method, and a dict that names them.
 
 Sequence-level estimators (GRPO, Dr. GRPO, RLOO) give one advantage per trajectory from the episode
-returns, spread over its generated tokens with :func:`expand_to_tokens`. Token-level estimators
-(REINFORCE++, GAE) read ``token_rewards`` ``[B, T]``, where each turn's reward sits on the last
-generated token of the turn, and run over generated tokens only: prompt, observation and padding
-positions (``mask`` 0) are skipped, as if the generated tokens of all turns stood side by side.
+returns, spread over its generated tokens with :func:`expand_to_tokens`; with turn-level returns
+(``returns="turn"``, for per-turn rewards such as a multi-agent env's) they give one advantage per
+turn from its return to go instead (:func:`turn_returns`, :func:`turn_group_advantages`,
+:func:`turn_rloo_advantages`), spread over the turn's tokens with :func:`expand_turns_to_tokens`.
+Token-level estimators (REINFORCE++, GAE) read ``token_rewards`` ``[B, T]``, where each turn's
+reward sits on the last generated token of the turn, and run over generated tokens only: prompt,
+observation and padding positions (``mask`` 0) are skipped, as if the generated tokens of all turns
+stood side by side.
 Every ``[B, T]`` result is 0 where ``mask`` is 0.
 
 :func:`estimate_advantages` is the one call a trainer makes, for every algorithm: it picks an
@@ -15,6 +19,7 @@ critic learns from.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, NamedTuple, Protocol
 
 import torch
@@ -24,6 +29,8 @@ from agentrl.trainers.batch import Batch
 
 Scale = Literal["group", "batch", "none"]
 SCALES: tuple[str, ...] = ("group", "batch", "none")
+Returns = Literal["episode", "turn"]
+RETURNS: tuple[str, ...] = ("episode", "turn")
 
 
 def _group_stats(rewards: torch.Tensor, group_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -100,6 +107,116 @@ def expand_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tens
             f"and {tuple(mask.shape)}."
         )
     return advantages.to(torch.float32)[:, None] * (mask > 0)
+
+
+def turn_returns(token_rewards: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:
+    """Each trajectory's returns to go per turn, ``[B, K]``: ``G_k = sum_{j >= k} r_j``, where the
+    turn reward ``r_j`` is the sum of ``token_rewards`` over the tokens of turn ``j`` (``turn_index
+    == j``: the turn's reward on its last generated token, a KL penalty on each of them) and ``K``
+    is the most turns any trajectory has. 0 past a trajectory's last turn; tokens with
+    ``turn_index`` -1 are ignored.
+
+    Undiscounted, like the episode return the group estimators read otherwise (``G_0`` is it):
+    ``TrainerConfig.gamma`` discounts per token, and discounting turns of unequal lengths by the
+    same factor would mean something else.
+
+    >>> turn_returns(torch.tensor([[0.0, 1.0, 0.0, 2.0]]), torch.tensor([[-1, 0, -1, 1]]))
+    tensor([[3., 2.]])
+    """
+    if turn_index.ndim != 2 or token_rewards.shape != turn_index.shape:
+        raise ValueError(
+            f"token_rewards and turn_index must both be [B, T], got shapes {tuple(token_rewards.shape)} "
+            f"and {tuple(turn_index.shape)}."
+        )
+    num_turns = int(turn_index.max().item()) + 1 if turn_index.numel() else 0  # 0 when all are -1
+    rewards = torch.zeros((turn_index.shape[0], num_turns), dtype=torch.float32, device=token_rewards.device)
+    if num_turns == 0:
+        return rewards
+    per_token = torch.where(turn_index >= 0, token_rewards.to(torch.float32), 0.0)
+    rewards.scatter_add_(1, turn_index.clamp(min=0), per_token)  # -1 positions add their 0 to turn 0
+    return rewards.flip(-1).cumsum(-1).flip(-1)
+
+
+def _per_turn(
+    advantage_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    returns: torch.Tensor,
+    num_turns: torch.Tensor,
+    group_index: torch.Tensor,
+) -> torch.Tensor:
+    """``advantage_fn`` (a group estimator of ``[N]`` returns and group indices) applied to each
+    turn column in turn, over the trajectories that have that turn; 0 where they do not."""
+    if returns.ndim != 2 or num_turns.shape != (returns.shape[0],) or group_index.shape != num_turns.shape:
+        raise ValueError(
+            f"returns must be [B, K] with num_turns and group_index [B], got shapes {tuple(returns.shape)}, "
+            f"{tuple(num_turns.shape)} and {tuple(group_index.shape)}."
+        )
+    advantages = torch.zeros(returns.shape, dtype=torch.float32, device=returns.device)
+    for turn in range(returns.shape[1]):
+        rows = num_turns > turn
+        if rows.any():
+            advantages[rows, turn] = advantage_fn(returns[rows, turn], group_index[rows])
+    return advantages
+
+
+def turn_group_advantages(
+    returns: torch.Tensor,
+    num_turns: torch.Tensor,
+    group_index: torch.Tensor,
+    *,
+    scale: Scale = "group",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GRPO's advantage (Shao et al. 2024) per turn: :func:`group_advantages` of the returns to go
+    at turn ``k``, among the members of each group that have a turn ``k``, ``[B, K]``.
+
+    ``returns`` is ``[B, K]`` (:func:`turn_returns`), ``num_turns`` ``[B]`` says how many of its
+    columns each trajectory has (the rest are 0 in the result). The mean and, by ``scale``, the std
+    are those of one turn index: the group's (``"group"``), every trajectory of the batch that has
+    that turn (``"batch"``), or none (``"none"``, Dr. GRPO). A (group, turn) of one trajectory gets
+    0. When only the last turn is rewarded and a group's members have equal turn counts, every turn
+    gets the episode's :func:`group_advantages` (with ``"batch"``, when the whole batch's do).
+
+    >>> turn_group_advantages(torch.tensor([[3.0, 2.0], [1.0, 0.0]]), torch.tensor([2, 1]),
+    ...                       torch.tensor([0, 0]), scale="none")
+    tensor([[ 1.,  0.],
+            [-1.,  0.]])
+    """
+    if scale not in SCALES:
+        raise ValueError(f"scale must be one of {SCALES}, got {scale!r}.")
+    return _per_turn(lambda r, g: group_advantages(r, g, scale=scale, eps=eps), returns, num_turns, group_index)
+
+
+def turn_rloo_advantages(returns: torch.Tensor, num_turns: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """RLOO's advantage (Kool et al. 2019; Ahmadian et al. 2024) per turn, ``[B, K]``: each return
+    to go at turn ``k`` minus the mean of those of the *other* members of its group that have a
+    turn ``k`` (:func:`rloo_advantages` per turn; see :func:`turn_group_advantages` for the shapes).
+    A (group, turn) of one trajectory gets 0.
+
+    >>> turn_rloo_advantages(torch.tensor([[3.0, 2.0], [1.0, 0.0], [2.0, 2.0]]), torch.tensor([2, 1, 2]),
+    ...                      torch.tensor([0, 0, 0]))
+    tensor([[ 1.5000,  0.0000],
+            [-1.5000,  0.0000],
+            [ 0.0000,  0.0000]])
+    """
+    return _per_turn(rloo_advantages, returns, num_turns, group_index)
+
+
+def expand_turns_to_tokens(turn_advantages: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:
+    """Give each generated token its turn's advantage: ``[B, K]`` to ``[B, T]`` by ``turn_index``,
+    0 where ``turn_index`` is -1.
+
+    >>> expand_turns_to_tokens(torch.tensor([[0.5, -1.0]]), torch.tensor([[-1, 0, 0, -1, 1]]))
+    tensor([[ 0.0000,  0.5000,  0.5000,  0.0000, -1.0000]])
+    """
+    if turn_advantages.ndim != 2 or turn_index.ndim != 2 or turn_advantages.shape[0] != turn_index.shape[0]:
+        raise ValueError(
+            f"expand_turns_to_tokens takes turn advantages [B, K] and turn_index [B, T], got "
+            f"{tuple(turn_advantages.shape)} and {tuple(turn_index.shape)}."
+        )
+    if turn_advantages.shape[1] == 0:  # no trajectory has a turn: nothing to gather from
+        return torch.zeros(turn_index.shape, dtype=torch.float32, device=turn_index.device)
+    gathered = turn_advantages.to(torch.float32).gather(1, turn_index.clamp(min=0))
+    return torch.where(turn_index >= 0, gathered, 0.0)
 
 
 def masked_whiten(values: torch.Tensor, mask: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:
@@ -227,24 +344,72 @@ class AdvantageEstimator(Protocol):
         lam: float,
         scale: Scale | None,
         whiten: bool,
+        returns: Returns,
     ) -> Advantages: ...
 
 
-def _grpo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, **_: object) -> Advantages:
+def _turn_level(batch: Batch, token_rewards: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch's returns to go per turn ``[B, K]`` and turn counts ``[B]``, once it is checked
+    that every generated token is in a turn and every reward is on one (else the turn-level
+    estimators would silently leave part of the signal out)."""
+    outside = ((batch.loss_mask > 0) & (batch.turn_index < 0)).any(-1)
+    if outside.any():
+        row = int(outside.nonzero()[0])
+        raise ValueError(
+            f"returns='turn' needs every generated token inside a turn, but trajectory {row} (group "
+            f"{_group_name(batch, row)}) has generated tokens after its last turn end; end each turn "
+            "with a turn_ends entry (the rollout engine does), or use returns='episode'."
+        )
+    unplaced = ~torch.isclose(batch.token_rewards.sum(-1), batch.rewards.to(torch.float32), rtol=1e-4, atol=1e-4)
+    if unplaced.any():
+        row = int(unplaced.nonzero()[0])
+        raise ValueError(
+            f"returns='turn' reads the per-turn rewards, but trajectory {row} (group {_group_name(batch, row)}) "
+            f"has turn rewards summing to {float(batch.token_rewards[row].sum()):g} and reward "
+            f"{float(batch.rewards[row]):g}; put each reward in turn_rewards (reward is their sum), or use "
+            "returns='episode'."
+        )
+    return turn_returns(token_rewards, batch.turn_index), batch.turn_index.amax(-1) + 1
+
+
+def _group_name(batch: Batch, row: int) -> str:
+    index = int(batch.group_index[row])
+    return repr(batch.group_ids[index]) if index < len(batch.group_ids) else str(index)
+
+
+def _grpo(
+    batch: Batch,
+    values: torch.Tensor | None,
+    *,
+    scale: Scale | None,
+    returns: Returns,
+    token_rewards: torch.Tensor,
+    **_: object,
+) -> Advantages:
+    if returns == "turn":
+        to_go, num_turns = _turn_level(batch, token_rewards)
+        advantages = turn_group_advantages(to_go, num_turns, batch.group_index, scale=scale or "group")
+        return Advantages(expand_turns_to_tokens(advantages, batch.turn_index))
     advantages = group_advantages(batch.rewards, batch.group_index, scale=scale or "group")
     return Advantages(expand_to_tokens(advantages, batch.loss_mask))
 
 
-def _dr_grpo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, **_: object) -> Advantages:
+def _dr_grpo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, **rest: object) -> Advantages:
     if scale not in (None, "none"):
         raise ValueError(
             f"dr_grpo is GRPO without std scaling; got scale={scale!r}. Use 'grpo' with scale={scale!r} "
             "to scale, or leave scale unset."
         )
-    return _grpo(batch, values, scale="none")
+    return _grpo(batch, values, scale="none", **rest)  # type: ignore[arg-type]
 
 
-def _rloo(batch: Batch, values: torch.Tensor | None, **_: object) -> Advantages:
+def _rloo(
+    batch: Batch, values: torch.Tensor | None, *, returns: Returns, token_rewards: torch.Tensor, **_: object
+) -> Advantages:
+    if returns == "turn":
+        to_go, num_turns = _turn_level(batch, token_rewards)
+        advantages = turn_rloo_advantages(to_go, num_turns, batch.group_index)
+        return Advantages(expand_turns_to_tokens(advantages, batch.turn_index))
     return Advantages(expand_to_tokens(rloo_advantages(batch.rewards, batch.group_index), batch.loss_mask))
 
 
@@ -292,6 +457,7 @@ def estimate_advantages(
     scale: Scale | None = None,
     token_rewards: torch.Tensor | None = None,
     whiten: bool = True,
+    returns: Returns = "episode",
 ) -> Advantages:
     """The :class:`Advantages` of ``batch`` by the estimator called ``name``: ``[B, T]`` advantages
     (0 off generated tokens) and, from ``gae``, the critic's ``[B, T]`` returns (None otherwise).
@@ -308,13 +474,21 @@ def estimate_advantages(
         lam: GAE's lambda.
         scale: ``grpo``'s scaling (``group`` when unset); ``dr_grpo`` allows only ``none``; the
             other estimators ignore it.
-        token_rewards: replaces ``batch.token_rewards`` for the token-level estimators, e.g. with
-            a KL penalty added (:func:`agentrl.trainers.losses.kl_penalty_rewards`).
+        token_rewards: replaces ``batch.token_rewards`` for the token-level estimators (and the
+            group ones with ``returns="turn"``), e.g. with a KL penalty added
+            (:func:`agentrl.trainers.losses.kl_penalty_rewards`).
         whiten: whiten ``gae``'s advantages over the batch's generated tokens (PPO's usual
             normalisation; REINFORCE++ always whitens, the group estimators never do).
+        returns: what ``grpo``, ``dr_grpo`` and ``rloo`` compare within a group: ``"episode"``,
+            each trajectory's return, for all its tokens; ``"turn"``, each turn's return to go
+            (:func:`turn_returns`), compared with the same turn of the group's other members and
+            given to that turn's tokens. ``reinforce_pp`` and ``gae`` are token-level already and
+            ignore it.
 
     Raises:
-        ValueError: for an unknown name (with the closest known one), or ``gae`` without values.
+        ValueError: for an unknown name (with the closest known one), an unknown ``returns``,
+            ``gae`` without values, or ``returns="turn"`` on a batch whose rewards or generated
+            tokens are not all in turns.
     """
     if name not in ADVANTAGE_ESTIMATORS:
         hint = did_you_mean(name, ADVANTAGE_ESTIMATORS)
@@ -322,6 +496,9 @@ def estimate_advantages(
             f"Unknown advantage estimator {name!r}; expected one of {sorted(ADVANTAGE_ESTIMATORS)}."
             + (f" {hint}" if hint else "")
         )
+    if returns not in RETURNS:
+        hint = did_you_mean(returns, RETURNS)
+        raise ValueError(f"returns must be one of {RETURNS}, got {returns!r}." + (f" {hint}" if hint else ""))
     return ADVANTAGE_ESTIMATORS[name](
         batch,
         values,
@@ -330,4 +507,5 @@ def estimate_advantages(
         lam=lam,
         scale=scale,
         whiten=whiten,
+        returns=returns,
     )

@@ -34,6 +34,8 @@ class Batch:
     >>> batch = collate([t], pad_token_id=0, pad_to_multiple_of=4)
     >>> batch.input_ids.tolist(), batch.token_rewards.tolist(), batch.num_tokens
     ([[5, 6, 7, 0]], [[0.0, 0.0, 1.0, 0.0]], 2)
+    >>> batch.turn_index.tolist()
+    [[-1, 0, 0, -1]]
     """
 
     input_ids: torch.Tensor
@@ -55,6 +57,11 @@ class Batch:
     """``[B, T]`` long: the policy version that generated each token (-1 where none)."""
     lengths: torch.Tensor
     """``[B]`` long: each trajectory's length before padding."""
+    turn_index: torch.Tensor
+    """``[B, T]`` long: the turn of each generated token, ``0..K-1`` (turn ``k`` is the generated
+    tokens after ``turn_ends[k-1]`` up to ``turn_ends[k]``); -1 on prompt, observation and padding
+    tokens, and on generated tokens after the last turn end (recorded trajectories have none).
+    Turn-level returns (``returns="turn"``) read it with ``token_rewards``."""
     group_ids: tuple[str, ...] = ()
     """The ``group_id`` string of each group index (``group_ids[group_index[i]]``)."""
     # What the trainer attaches before its update, each [B, T] and 0 off generated tokens.
@@ -131,8 +138,9 @@ def collate(
     """Right-pad ``trajectories`` into a :class:`Batch`.
 
     Each trajectory is validated first (:meth:`Trajectory.validate`), and its ``turn_ends`` must
-    point at generated tokens, since that is where the turn rewards are placed: a reward on a
-    token without loss would never reach the loss. ``pad_to_multiple_of`` rounds ``T`` up (to
+    point at generated tokens, in increasing order, since that is where the turn rewards are
+    placed (a reward on a token without loss would never reach the loss) and what numbers each
+    generated token's turn (``turn_index``). ``pad_to_multiple_of`` rounds ``T`` up (to
     keep tensor shapes few, for kernels and compiled graphs).
 
     Raises:
@@ -158,6 +166,7 @@ def collate(
     behaviour_logprobs = torch.zeros((batch_size, width), dtype=torch.float32)
     token_rewards = torch.zeros((batch_size, width), dtype=torch.float32)
     versions = torch.full((batch_size, width), -1, dtype=torch.long)
+    turn_index = torch.full((batch_size, width), -1, dtype=torch.long)
     group_numbers: dict[str, int] = {}
     group_index = []
     for row, trajectory in enumerate(trajectories):
@@ -167,8 +176,11 @@ def collate(
         loss_mask[row, :n] = torch.tensor(trajectory.loss_mask, dtype=torch.float32)
         behaviour_logprobs[row, :n] = torch.tensor(trajectory.logprobs, dtype=torch.float32)
         versions[row, :n] = torch.tensor(trajectory.versions, dtype=torch.long)
-        for end, reward in zip(trajectory.turn_ends, trajectory.turn_rewards, strict=True):
+        start = 0
+        for turn, (end, reward) in enumerate(zip(trajectory.turn_ends, trajectory.turn_rewards, strict=True)):
             token_rewards[row, end] += reward
+            turn_index[row, start : end + 1] = turn
+            start = end + 1
         group_index.append(group_numbers.setdefault(trajectory.group_id, len(group_numbers)))
 
     return Batch(
@@ -181,6 +193,7 @@ def collate(
         group_index=torch.tensor(group_index, dtype=torch.long),
         versions=versions,
         lengths=torch.tensor(lengths, dtype=torch.long),
+        turn_index=torch.where(loss_mask > 0, turn_index, -1),
         group_ids=tuple(group_numbers),
     )
 
@@ -195,6 +208,11 @@ def _check(index: int, trajectory: Trajectory) -> None:
     if n == 0:
         raise ValueError(f"{where} has no tokens; drop empty trajectories before collating.")
     for turn, end in enumerate(trajectory.turn_ends):
+        if turn and end <= trajectory.turn_ends[turn - 1]:
+            raise ValueError(
+                f"{where}: turn_ends {trajectory.turn_ends} do not increase; turn_ends must index the last "
+                "generated token of each turn, in the order of the turns."
+            )
         if not 0 <= end < n:
             raise ValueError(
                 f"{where}: turn_ends[{turn}] = {end} is outside its {n} tokens; turn_ends must index "

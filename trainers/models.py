@@ -9,11 +9,14 @@ or scaled logits) take the ordinary full forward pass instead.
 
 :func:`inference_state_dict` is what goes to the inference engine after an update: every tensor
 under the transformers checkpoint's names, the tied ``lm_head.weight`` included, LoRA merged in.
+A policy served as a LoRA adapter on a shared engine gets :func:`adapter_weights` instead (only the
+adapter's tensors), and its adapter policy is made with :func:`adapter_config`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -240,6 +243,63 @@ def inference_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]
         yield from state.items()
         return
     yield from ((name, tensor.detach()) for name, tensor in model.state_dict().items())
+
+
+def adapter_config(model: nn.Module) -> dict[str, Any]:
+    """The LoRA config of a peft ``model`` as a JSON-able dict: what ``adapter_config.json`` holds.
+
+    This is what an adapter policy is made with (``host.adapter(policy_id, adapter_config(model))``).
+    ``target_modules`` is the list of module names peft actually wrapped (an ``"all-linear"``
+    request resolved), because inference engines match adapters by module name and reject a
+    pattern they do not know.
+    """
+    config = _lora_config(model)
+    return {key: _json_value(value) for key, value in config.to_dict().items()}
+
+
+def adapter_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The LoRA tensors of a peft ``model`` (its active adapter), detached and on the CPU.
+
+    Names are peft's saved-adapter names (``base_model.model....lora_A.weight``, without the
+    adapter's name), the ones in ``adapter_model.safetensors``: an adapter policy's
+    ``update_weights`` takes exactly these. Only the adapter travels, not the frozen base.
+    """
+    from peft import get_peft_model_state_dict
+
+    _lora_config(model)  # the clear error for a model without LoRA
+    adapter = model.active_adapter  # type: ignore[attr-defined]
+    for name, tensor in get_peft_model_state_dict(model, adapter_name=adapter).items():
+        yield name, tensor.detach().to("cpu")
+
+
+def _lora_config(model: nn.Module) -> Any:
+    """The active LoRA config of a peft model; ValueError for anything else."""
+    configs = getattr(model, "peft_config", None)
+    adapter = getattr(model, "active_adapter", None)
+    if not hasattr(model, "get_base_model") or not isinstance(configs, dict) or adapter not in configs:
+        raise ValueError(
+            f"Expected a peft LoRA model, got a {type(model).__name__} without LoRA adapters; "
+            "load it with load_policy_model(..., lora_rank=R) with R > 0."
+        )
+    config = configs[adapter]
+    kind = str(getattr(config.peft_type, "value", config.peft_type))
+    if kind != "LORA":
+        raise ValueError(f"Expected a LoRA adapter, got a peft {kind} adapter; only LoRA adapters can be served.")
+    return config
+
+
+def _json_value(value: Any) -> Any:
+    """``value`` in JSON's types: sets become sorted lists and enums their values, as peft's own
+    ``save_pretrained`` writes them."""
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_value(v) for v in value]
+    if isinstance(value, Enum):
+        return value.value
+    return value
 
 
 def pad_token_id(tokenizer: Any) -> int:

@@ -37,7 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from agentrl.trainers.advantages import estimate_advantages
+from agentrl.suggest import did_you_mean
+from agentrl.trainers.advantages import RETURNS, estimate_advantages
 from agentrl.trainers.batch import Batch, collate
 from agentrl.trainers.losses import aggregate, kl_estimate, kl_penalty_rewards, policy_loss, value_loss
 from agentrl.trainers.models import ValueModel, generated_logprobs, inference_state_dict
@@ -88,6 +89,8 @@ class TrainerConfig:
     """seq-mean-token-sum-norm divides each sequence's token sum by this constant (0: the batch's length T; ``agentrl train`` sets max_tokens x max_turns)."""
     scale_rewards: Literal["group", "batch", "none"] | None = None
     """GRPO: divide advantages by the group's std, the batch's, or not at all; unset: the algorithm's own (grpo: group, dr_grpo: none)."""
+    returns: Literal["episode", "turn"] = "episode"
+    """grpo / dr_grpo / rloo: episode = one advantage per trajectory from its return; turn = per turn from its return to go, against the group's same turn (per-turn rewards, multi-agent); reinforce_pp and ppo are token-level already and ignore it."""
     entropy_coef: float = 0.0
     """Entropy bonus coefficient (0 = off)."""
     kl_coef: float = 0.0
@@ -137,6 +140,12 @@ class TrainerConfig:
             raise ValueError(
                 f"temperature must be positive (it is the rollouts' sampling temperature), got {self.temperature}: "
                 "greedy rollouts have no sampling distribution to train."
+            )
+        if self.returns not in RETURNS:
+            hint = did_you_mean(self.returns, RETURNS)
+            raise ValueError(
+                f"returns must be one of {RETURNS} (turn: per-turn returns for grpo, dr_grpo and rloo), got "
+                f"{self.returns!r}." + (f" {hint}" if hint else "")
             )
         if self.algorithm == "dr_grpo" and self.loss_aggregation == "token-mean":
             # Dr. GRPO's point is the length-unbiased loss; its paper pairs the two.
@@ -351,6 +360,7 @@ class Trainer:
             gamma=config.gamma,
             lam=config.lam,
             scale=config.scale_rewards,
+            returns=config.returns,
         )
         return replace(batch, advantages=estimated.advantages, returns=estimated.returns)
 

@@ -10,18 +10,25 @@ A request whose caller gives up (an episode's time limit) costs little: dropped 
 its batch has not started, otherwise its row stops at the next token (a stopping criterion reads
 the caller's cancelled future), and a batch whose rows have all stopped ends. :attr:`HFPolicy.requests`
 counts both.
+
+:meth:`HFPolicy.adapter` serves policies as LoRA adapters of this model (:mod:`.lora`): the model
+becomes a peft model with one named adapter per adapter version, and each batch runs one adapter,
+or the base with adapters disabled, so requests are batched by sampling settings and adapter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentrl.policies.base import Generation, Sampling
+from agentrl.policies.lora import AdapterPolicy, check_adapter_config
 
 
 class HFRequests(NamedTuple):
@@ -43,6 +50,8 @@ class _Request:
     prompt_ids: list[int]
     sampling: Sampling
     future: asyncio.Future[Generation] = field(repr=False)
+    adapter: str | None = None
+    """The peft adapter this request runs with; None for the base model."""
 
 
 class HFPolicy:
@@ -50,6 +59,8 @@ class HFPolicy:
 
     >>> policy = HFPolicy("path/to/checkpoint")  # doctest: +SKIP
     >>> await policy.generate(prompt_ids, Sampling(max_tokens=32))  # doctest: +SKIP
+
+    A model object passed in is used as it is: serving adapters wraps it in peft in place.
     """
 
     def __init__(
@@ -80,6 +91,9 @@ class HFPolicy:
         self._weights_lock = threading.Lock()  # a weight update never lands mid-batch
         self._received = self._dropped = self._aborted = 0
         self.stop_token_ids = _stop_ids(self.tokenizer, self.model)
+        self._adapter_names = (f"agentrl_lora_{n}" for n in itertools.count(1))  # peft names cannot hold "."
+        self._adapter_policies: set[str] = set()
+        self._retired: list[str] = []  # adapters to delete before the next batch (under the weights lock)
 
     @property
     def version(self) -> int:
@@ -91,21 +105,77 @@ class HFPolicy:
         return HFRequests(self._received, self._dropped, self._aborted)
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        return await self.generate_with_adapter(None, prompt_ids, sampling)
+
+    def adapter(self, policy_id: str, config: Mapping[str, Any]) -> AdapterPolicy:
+        """A policy served as a LoRA adapter of this model; ``config`` is the trainer's
+        ``adapter_config(model)``. It serves the base model until its first ``update_weights``."""
+        # The vLLM backend's rules (no rank limit here): what passes on hf must pass on vllm.
+        check_adapter_config(config, None, setting="")
+        if policy_id in self._adapter_policies:
+            raise ValueError(f"This HFPolicy already serves an adapter policy {policy_id!r}; close it first.")
+        self._adapter_policies.add(policy_id)
+        return AdapterPolicy(self, policy_id, config, on_close=self._adapter_policies.discard)
+
+    # --- the AdapterHost protocol (agentrl.policies.lora), used by AdapterPolicy ---------------------
+
+    async def generate_with_adapter(self, adapter: Any, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """Generate with the peft adapter named ``adapter`` (from :meth:`load_adapter`), or the base (None)."""
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.done() or self._worker.get_loop() is not loop:
             self._wakeup = asyncio.Event()
             self._worker = loop.create_task(self._serve())
-        request = _Request(list(prompt_ids), sampling, loop.create_future())
+        request = _Request(list(prompt_ids), sampling, loop.create_future(), adapter)
         self._received += 1
         self._queue.append(request)
         assert self._wakeup is not None
         self._wakeup.set()
         return await request.future
 
+    def load_adapter(self, name: str, config: Mapping[str, Any], tensors: Mapping[str, Any]) -> Any:
+        """Add the tensors as a new peft adapter (the first one wraps the model in peft); return its name.
+
+        ``name`` is for messages only: the peft name is a fresh ``agentrl_lora_N``, as peft's
+        module names cannot hold the dots a policy id may have.
+        """
+        from peft import PeftConfig, PeftModel, get_peft_model, set_peft_model_state_dict
+
+        adapter = next(self._adapter_names)
+        lora = PeftConfig.from_peft_type(**dict(config))
+        with self._weights_lock:
+            self._drop_retired()
+            if isinstance(self.model, PeftModel):
+                self.model.add_adapter(adapter, lora)
+            else:
+                self.model = get_peft_model(self.model, lora, adapter_name=adapter)
+            try:
+                result = set_peft_model_state_dict(self.model, dict(tensors), adapter_name=adapter)
+                missing = [k for k in result.missing_keys if f".{adapter}." in k]
+                if result.unexpected_keys or missing:
+                    raise ValueError(
+                        f"Adapter {name!r} does not fit this model: unexpected tensors {result.unexpected_keys[:3]}, "
+                        f"missing {missing[:3]}. Send adapter_weights(model) of a model with this adapter config."
+                    )
+            except Exception:
+                self._retired.append(adapter)
+                self._drop_retired()
+                raise
+            self.model.to(self.device).eval()
+        return adapter
+
+    def unload_adapter(self, adapter: Any) -> None:
+        """Delete the peft adapter before the next batch (a running batch holds the model)."""
+        self._retired.append(adapter)
+
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        """Load new base weights (the trainer's whole ``state_dict()``); adapters stay as they are."""
         with self._weights_lock:
             state = dict(named_tensors)
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            target = self.model
+            if hasattr(target, "get_base_model"):  # wrapped by peft: base weights sit under .base_layer
+                target = target.get_base_model()
+                state = _peft_base_names(state, target.state_dict().keys())
+            missing, unexpected = target.load_state_dict(state, strict=False)
             if unexpected:
                 raise ValueError(f"update_weights got tensors the model does not have: {unexpected[:5]}")
             self._version += 1
@@ -132,13 +202,13 @@ class HFPolicy:
                 self._queue = live
                 if not live:
                     break
-                first = live[0].sampling
-                batch = [r for r in live if r.sampling == first][: self.max_batch_size]
+                first, adapter = live[0].sampling, live[0].adapter
+                batch = [r for r in live if r.sampling == first and r.adapter == adapter][: self.max_batch_size]
                 for request in batch:
                     self._queue.remove(request)
                 prompts, futures = [r.prompt_ids for r in batch], [r.future for r in batch]
                 try:
-                    results = await asyncio.to_thread(self._generate_batch, prompts, first, futures)
+                    results = await asyncio.to_thread(self._generate_batch, prompts, first, futures, adapter)
                 except Exception as e:  # one bad batch fails its requests, not the server
                     for request in batch:
                         if not request.future.done():
@@ -159,7 +229,11 @@ class HFPolicy:
                 return
 
     def _generate_batch(
-        self, prompts: list[list[int]], sampling: Sampling, futures: Sequence[asyncio.Future[Any]] = ()
+        self,
+        prompts: list[list[int]],
+        sampling: Sampling,
+        futures: Sequence[asyncio.Future[Any]] = (),
+        adapter: str | None = None,
     ) -> list[Generation]:
         import torch
         from transformers import StoppingCriteriaList
@@ -184,10 +258,12 @@ class HFPolicy:
         else:
             options.update(do_sample=False)
         with self._weights_lock, torch.no_grad():
+            self._drop_retired()
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)
             version = self._version
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention, **options)
+            with self._using(adapter):
+                out = self.model.generate(input_ids=input_ids, attention_mask=attention, **options)
         new_tokens = out.sequences[:, width:]
         steps = out.scores if sampling.temperature > 0 else out.logits
         logprobs = torch.stack(steps, dim=1).float().log_softmax(-1)
@@ -200,6 +276,39 @@ class HFPolicy:
             end = end if end is not None else len(ids)
             results.append(Generation(ids[:end], chosen[row, :end].tolist(), version, finish))
         return results
+
+    @contextlib.contextmanager
+    def _using(self, adapter: str | None) -> Iterator[None]:
+        """Under the weights lock: run the model with ``adapter``, or as the bare base model for None."""
+        if adapter is not None:
+            self.model.set_adapter(adapter)
+            yield
+        elif hasattr(self.model, "disable_adapter"):
+            with self.model.disable_adapter():
+                yield
+        else:
+            yield
+
+    def _drop_retired(self) -> None:
+        """Under the weights lock: delete the adapters no request needs any more. peft cannot hold
+        zero adapters, so the last one stays (unused) until another is added."""
+        while self._retired and len(self.model.peft_config) > 1:
+            adapter = self._retired.pop()
+            if adapter in self.model.active_adapters:  # peft warns when the active adapter goes
+                self.model.set_adapter(next(a for a in self.model.peft_config if a != adapter))
+            self.model.delete_adapter(adapter)
+
+
+def _peft_base_names(state: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """``state`` under the names of a peft-wrapped model's base: ``x.weight`` is ``x.base_layer.weight``
+    in a module that has adapters."""
+    known = set(names)
+    renamed = {}
+    for name, tensor in state.items():
+        module, _, leaf = name.rpartition(".")
+        wrapped = f"{module}.base_layer.{leaf}"
+        renamed[wrapped if name not in known and wrapped in known else name] = tensor
+    return renamed
 
 
 class _StopCancelled:

@@ -19,6 +19,13 @@ tensors through the engine's RPC pipe, which serialises them and copies them bet
 (figures in ``benchmarks/README.md``; a run logs its own as ``perf/time_sync``). Requests running
 during an update finish on the new weights; their tokens keep the version they started with (the
 next version begins with the next request).
+
+With ``max_loras`` > 0 the engine also serves LoRA adapters of its model, one
+:class:`~agentrl.policies.lora.AdapterPolicy` per policy (:meth:`VLLMPolicy.adapter`): each request
+carries its policy's adapter, and a new adapter version is a new directory in shared memory that the
+engine loads with ``add_lora`` before any request uses it (the rules are in :mod:`.lora`). On the CPU
+the worker extension also replaces vLLM's LoRA ops, which give base requests batched with adapters
+an adapter's delta (:mod:`agentrl.policies.vllm_worker`).
 """
 
 from __future__ import annotations
@@ -26,16 +33,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import os
+import re
+import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentrl.policies.base import Generation, Sampling
+from agentrl.policies.lora import AdapterPolicy, check_adapter_config, write_adapter_dir
 
 _CPU_KV_CACHE_GIB = "2"
 
@@ -45,6 +56,11 @@ class VLLMPolicy:
 
     >>> policy = VLLMPolicy("path/to/checkpoint", max_model_len=2048)  # doctest: +SKIP
     >>> generation = await policy.generate(prompt_ids, Sampling(max_tokens=64))  # doctest: +SKIP
+
+    ``max_loras`` > 0 turns on LoRA serving: at most that many distinct adapters (adapter versions)
+    run in one engine step, each of rank at most ``max_lora_rank`` (vLLM accepts 1, 8, 16, 32, 64,
+    128, 256, 320 or 512). The engine keeps twice as many loaded (``max_cpu_loras``), so a policy's
+    old and new versions both fit during an update.
     """
 
     def __init__(
@@ -56,8 +72,17 @@ class VLLMPolicy:
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
         enforce_eager: bool = True,
+        max_loras: int = 0,
+        max_lora_rank: int = 16,
         **engine_args: Any,
     ):
+        if max_loras < 0:
+            raise ValueError(f"max_loras must be >= 0 (0 serves no adapters), got {max_loras}.")
+        if max_loras:
+            engine_args.setdefault("max_cpu_loras", 2 * max_loras)
+            engine_args.update(enable_lora=True, max_loras=max_loras, max_lora_rank=max_lora_rank)
+        self.max_loras = max_loras
+        self.max_lora_rank = max_lora_rank
         # vLLM reads its CPU KV-cache size from the environment; 2 GiB holds 64 SmolLM2 episodes.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _CPU_KV_CACHE_GIB)
         from transformers import AutoTokenizer
@@ -87,6 +112,9 @@ class VLLMPolicy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-vllm", daemon=True)
         self._thread.start()
         self._version = 0
+        self._lora_ids = itertools.count(1)  # vLLM caches adapters by this id: never reuse one
+        self._adapter_policies: set[str] = set()
+        self._adapter_dirs: dict[int, str] = {}  # lora id -> its directory, deleted when unloaded or at close
         self.engine: Any = None
         try:
             self.engine = self._call(self._start_engine())
@@ -99,12 +127,61 @@ class VLLMPolicy:
         return self._version
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
-        future = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling), self._loop)
+        return await self.generate_with_adapter(None, prompt_ids, sampling)
+
+    def adapter(self, policy_id: str, config: Mapping[str, Any]) -> AdapterPolicy:
+        """A policy served as a LoRA adapter of this engine's model; ``config`` is the trainer's
+        ``adapter_config(model)``. It serves the base model until its first ``update_weights``."""
+        if not self.max_loras:
+            raise ValueError(
+                f"This VLLMPolicy was started without LoRA, so it cannot serve adapter {policy_id!r}: "
+                "start it with max_loras=N (N adapters per batch, e.g. the number of LoRA policies)."
+            )
+        check_adapter_config(config, self.max_lora_rank, setting="VLLMPolicy's max_lora_rank")
+        if policy_id in self._adapter_policies:
+            raise ValueError(f"This engine already serves an adapter policy {policy_id!r}; close it first.")
+        self._adapter_policies.add(policy_id)
+        return AdapterPolicy(
+            self, policy_id, config, max_rank=self.max_lora_rank, on_close=self._adapter_policies.discard
+        )
+
+    # --- the AdapterHost protocol (agentrl.policies.lora), used by AdapterPolicy ---------------------
+
+    async def generate_with_adapter(self, adapter: Any, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        """Generate with the adapter ``adapter`` (a ``LoRARequest`` from :meth:`load_adapter`) or the base (None)."""
+        future = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling, adapter), self._loop)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             future.cancel()  # cancels the engine-side task, which aborts the request
             raise
+
+    def load_adapter(self, name: str, config: Mapping[str, Any], tensors: Mapping[str, Any]) -> Any:
+        """Write the adapter to a new directory and ``add_lora`` it under a new id; return its ``LoRARequest``.
+
+        ``add_lora`` comes first because vLLM then only raises for an adapter it refuses, whereas
+        one first met with a request kills the engine.
+        """
+        from vllm.lora.request import LoRARequest
+
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+        path = tempfile.mkdtemp(prefix=f"agentrl-lora-{slug}-", dir=_shared_memory())
+        request = LoRARequest(name, next(self._lora_ids), path)
+        try:
+            write_adapter_dir(path, config, tensors)
+            self._call(self.engine.add_lora(request))
+        except Exception as e:
+            shutil.rmtree(path, ignore_errors=True)
+            raise ValueError(f"vLLM refused adapter {name!r}: {e}") from e
+        self._adapter_dirs[request.lora_int_id] = path
+        return request
+
+    def unload_adapter(self, adapter: Any) -> None:
+        """Remove the adapter from the engine, then delete its directory; returns at once."""
+        if self.engine is not None and self._loop.is_running():
+            asyncio.run_coroutine_threadsafe(self._remove_adapter(adapter), self._loop)
+        else:  # closed: the engine is gone, only the directory is left
+            _remove_dir(self._adapter_dirs.pop(adapter.lora_int_id, None))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """Load every tensor of the trainer's ``state_dict()`` into the engine; return the new version."""
@@ -131,6 +208,9 @@ class VLLMPolicy:
         elif engine is not None:
             engine.shutdown()
         self._stop_loop()
+        for path in list(self._adapter_dirs.values()):
+            _remove_dir(path)
+        self._adapter_dirs.clear()
 
     # --- on the engine's loop ---------------------------------------------------------------------
 
@@ -139,7 +219,7 @@ class VLLMPolicy:
 
         return AsyncLLM.from_engine_args(self._args)
 
-    async def _generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
+    async def _generate(self, prompt_ids: list[int], sampling: Sampling, adapter: Any = None) -> Generation:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -156,7 +236,8 @@ class VLLMPolicy:
         )
         version = self._version
         final = None
-        async for output in self.engine.generate({"prompt_token_ids": prompt_ids}, params, request_id=uuid.uuid4().hex):
+        request = {"prompt_token_ids": prompt_ids}
+        async for output in self.engine.generate(request, params, request_id=uuid.uuid4().hex, lora_request=adapter):
             final = output
         if final is None or not final.outputs:
             raise RuntimeError("vLLM returned no output for a request; the engine may have died.")
@@ -173,6 +254,14 @@ class VLLMPolicy:
         # Cached prefixes hold keys and values computed with the old weights; reusing them would
         # make the new policy's log-probs silently wrong for every prompt seen before the update.
         await self.engine.reset_prefix_cache()
+
+    async def _remove_adapter(self, adapter: Any) -> None:
+        try:
+            await self.engine.remove_lora(adapter.lora_int_id)
+        except Exception as e:  # a leftover adapter costs memory until LRU eviction, not correctness
+            logging.getLogger(__name__).warning("removing LoRA adapter %s from vLLM failed: %s", adapter.lora_name, e)
+        finally:
+            _remove_dir(self._adapter_dirs.pop(adapter.lora_int_id, None))
 
     def _call(self, coroutine: Any) -> Any:
         if self._thread is threading.current_thread():
@@ -218,11 +307,20 @@ def _weights_file(named_tensors: Iterable[tuple[str, Any]]) -> Iterator[str]:
             tensor = tensor.clone()
         seen.add(tensor.data_ptr())
         state[name] = tensor
-    folder = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
-    handle, path = tempfile.mkstemp(prefix="agentrl-weights-", suffix=".safetensors", dir=folder)
+    handle, path = tempfile.mkstemp(prefix="agentrl-weights-", suffix=".safetensors", dir=_shared_memory())
     os.close(handle)
     try:
         save_file(state, path)
         yield path
     finally:
         os.unlink(path)
+
+
+def _shared_memory() -> str | None:
+    """``/dev/shm`` where it is writable (files there never touch a disk), else None: the temp dir."""
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _remove_dir(path: str | None) -> None:
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)

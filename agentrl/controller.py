@@ -1,0 +1,359 @@
+"""The loop of a single-policy training run: a producer of groups and the trainer consuming them.
+
+:class:`Controller` is what ``agentrl train`` runs for a single-agent env once :func:`agentrl.train.train`
+has built the policy, the trainer and the engine (see :mod:`agentrl.train` for the staleness rules
+it keeps). The multi-policy loop is :mod:`agentrl.multi_train`. Both report through
+:class:`Progress` and end in a :class:`TrainResult`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from agentrl.build import build_engine, limits_of, sampling_of
+from agentrl.metrics import MetricsLogger
+from agentrl.plot import plot_run
+from agentrl.policies import Policy
+from agentrl.rollout import RolloutEngine, RolloutStats, StalenessWindow, TrajectoryBuffer
+from agentrl.rollout.staleness import required_groups, take_required
+from agentrl.train_config import EVAL_SEED_OFFSET, TrainConfig
+from agentrl.trainers.checkpoint import save_checkpoint
+from agentrl.trainers.trainer import Trainer
+from agentrl.types import Trajectory
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResult:
+    """What a run did."""
+
+    run_dir: Path
+    steps: int
+    eval_before: dict[str, float] | None
+    eval_after: dict[str, float] | None
+    model_dir: Path | None
+    plot: Path | None
+    policies: list[str] = field(default_factory=list)
+    """The policy ids of a multi-policy run (its evaluations are ``eval/<policy>/...``); empty for one policy."""
+
+
+@dataclass
+class Progress:
+    """What the controller tells its caller as it goes (the CLI draws progress bars from it)."""
+
+    on_phase: Callable[[str, int], None] = lambda name, total: None
+    on_advance: Callable[[dict[str, Any]], None] = lambda info: None
+
+
+@dataclass
+class ControllerState:
+    """What a checkpoint keeps of the controller (JSON)."""
+
+    step: int = 0
+    """Training steps done."""
+    next_group: int = 0
+    """The number the next new group gets."""
+    trained_groups: list[int] = field(default_factory=list)
+    """Every group number trained on, in order."""
+    lost_groups: int = 0
+    """Groups that never reached the trainer (failed or stale), over the whole run."""
+    dropped_groups: list[int] = field(default_factory=list)
+    """Their numbers."""
+    policy_version: int = 0
+    """The policy's version after the last step, counted over the whole run (an engine started
+    anew on resume counts from its own start; the difference is added back)."""
+    eval_before: dict[str, float] | None = None
+    """The evaluation before the first step (not repeated on resume)."""
+
+
+class Controller:
+    """The loop of one run: a producer of groups and the trainer consuming them.
+
+    The producer starts groups whenever the :class:`~agentrl.rollout.StalenessWindow` has room
+    (replays of a resumed run first, then new group numbers); each group's episodes run on the
+    engine and land in the buffer; the loop takes ``groups_per_step`` groups, steps the trainer in a
+    thread (episodes go on meanwhile), sends the weights to the policy and tells the buffer the new
+    version, which drops groups that are now too stale.
+    """
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        policy: Policy,
+        engine: RolloutEngine,
+        trainer: Trainer,
+        metrics: MetricsLogger,
+        state: ControllerState,
+        buffered: list[Trajectory],
+        progress: Progress,
+    ):
+        self.config = config
+        self.policy = policy
+        self.engine = engine
+        self.trainer = trainer
+        self.metrics = metrics
+        self.state = state
+        self.progress = progress
+        # A resumed run's engine counts versions from its own start: buffered tokens are moved onto
+        # its count, so staleness compares like with like; metrics add the difference back.
+        self.version_offset = max(state.policy_version - policy.version, 0)
+        buffered = [shift_versions(t, self.version_offset) for t in buffered]
+        self.buffer = TrajectoryBuffer(config.rollout.group_size, max_staleness=config.max_staleness)
+        self.buffer.set_version(policy.version)
+        for trajectory in buffered:
+            self.buffer.put(trajectory)
+        # Groups started before the checkpoint but neither trained on nor buffered: play them again.
+        buffered_ids = {t.group_id for t in buffered}
+        trained = set(state.trained_groups) | set(state.dropped_groups)  # a dropped group's place went to a new one
+        self.replay = [
+            n for n in range(state.next_group) if n not in trained and engine.group_id(n) not in buffered_ids
+        ]
+        self.group_numbers = {engine.group_id(n): n for n in range(state.next_group)}
+        # The policy version each group in flight started at (a buffered group: its oldest token's).
+        self.start_versions = {
+            self.group_numbers[group[0].group_id]: oldest_version(group, policy.version)
+            for group in self.buffer.ready_groups()
+        }
+        self.window = StalenessWindow(config.groups_per_step, config.max_staleness, started=len(self.buffer))
+        self._lost_before = state.lost_groups  # lost in earlier sessions of this run
+        self._dropped_before = len(state.dropped_groups)
+        self._failed_seen = 0
+        self._draining: set[asyncio.Task[None]] = set()
+        self._drain_error: BaseException | None = None
+        self.changed = asyncio.Condition()
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Train until ``config.steps``; the producer keeps the window of groups in flight."""
+        self.progress.on_phase("training", self.config.steps)
+        producer = asyncio.create_task(self._produce())
+        try:
+            while self.state.step < self.config.steps:
+                waited = time.perf_counter()
+                groups = await self._next_batch()
+                await self._train_on(groups, rollout_seconds=time.perf_counter() - waited)
+        finally:
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+            self.engine.close()
+
+    async def _produce(self) -> None:
+        """Start groups whenever the window has room: replays first, then new group numbers."""
+        draining = self._draining
+        try:
+            while True:
+                async with self.changed:
+                    await self.changed.wait_for(lambda: self.window.room() > 0)
+                    chunk = self._take(self.window.room())
+                    self.window.start(len(chunk))
+                task = asyncio.create_task(self._drain(chunk))
+                draining.add(task)
+                task.add_done_callback(self._drained)
+        finally:
+            for task in draining:
+                task.cancel()
+            await asyncio.gather(*draining, return_exceptions=True)
+
+    def _take(self, room: int) -> list[int]:
+        """The numbers of the next ``room`` groups to start, each noted with the version it starts at."""
+        chunk = self.replay[:room]
+        del self.replay[: len(chunk)]
+        while len(chunk) < room:
+            number = self.state.next_group
+            chunk.append(number)
+            self.group_numbers[self.engine.group_id(number)] = number
+            self.state.next_group += 1
+        for number in chunk:
+            self.start_versions[number] = self.buffer.version
+        return chunk
+
+    def _drained(self, task: asyncio.Task[None]) -> None:
+        """A chunk's stream ended. An exception there is a setup error (the env cannot be made,
+        say): kept, and raised by the training loop, which would otherwise wait for it forever."""
+        self._draining.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._drain_error is None:
+            self._drain_error = task.exception()  # the loop polls the buffer each second and raises it
+
+    def _raise_failed_drain(self) -> None:
+        if self._drain_error is not None:
+            raise self._drain_error
+
+    async def _drain(self, chunk: list[int]) -> None:
+        async for _ in self.engine.stream(groups=chunk, buffer=self.buffer):
+            pass
+        await self._notify()
+
+    async def _next_batch(self) -> list[list[Trajectory]]:
+        """The next batch. With ``stragglers: wait``, first the groups it must hold so that none
+        becomes too stale (:func:`~agentrl.rollout.staleness.required_groups`), waited for if they
+        still run; the other places, and every place with ``drop``, go to groups in the order they
+        completed."""
+        need = self.config.groups_per_step
+        groups: list[list[Trajectory]] = []
+        while len(groups) < need:
+            self._raise_failed_drain()
+            waiting = False
+            if self.config.stragglers == "wait":
+                taken, waiting = take_required(self._required(), self._is_ready, need - len(groups))
+                groups += self.buffer.take(taken)
+            if waiting:
+                await self.buffer.wait(timeout=1.0)
+            elif len(groups) < need:
+                groups += await self.buffer.get(need - len(groups), timeout=1.0)
+            await self._notify()  # groups lost to failures free room for replacements
+        for group in groups:
+            self.start_versions.pop(self.group_numbers[group[0].group_id], None)
+        return groups
+
+    def _is_ready(self, group_id: str) -> bool:
+        return self.buffer.state_of(group_id) == "ready"
+
+    def _required(self) -> list[tuple[list[str], int]]:
+        """:func:`~agentrl.rollout.staleness.required_groups` of the groups in flight now."""
+        starts = {self.engine.group_id(n): v for n, v in self.start_versions.items()}
+        live = {g: v for g, v in starts.items() if self.buffer.state_of(g) != "gone"}
+        return required_groups(live, self.buffer.version, self.config.max_staleness, self.config.groups_per_step)
+
+    async def _notify(self) -> None:
+        """Tell the window what the buffer lost, and wake the producer."""
+        stats = self.buffer.stats
+        lost = stats.incomplete_groups + stats.stale_groups
+        self.window.set_lost(lost)
+        self.state.lost_groups = self._lost_before + lost
+        for group_id in stats.dropped[len(self.state.dropped_groups) - self._dropped_before :]:
+            number = self.group_numbers[group_id]
+            self.state.dropped_groups.append(number)
+            self.start_versions.pop(number, None)
+        async with self.changed:
+            self.changed.notify_all()
+
+    async def _train_on(self, groups: list[list[Trajectory]], rollout_seconds: float) -> None:
+        config, state = self.config, self.state
+        trajectories = [t for group in groups for t in group]
+        metrics = await asyncio.to_thread(self.trainer.step, trajectories)
+        synced = time.perf_counter()
+        version = await self.policy.aupdate_weights(self.trainer.inference_weights())
+        metrics["perf/time_sync"] = time.perf_counter() - synced
+        self.buffer.set_version(version)
+        self.window.trained(len(groups))
+
+        state.step += 1
+        numbers = [self.group_numbers[group[0].group_id] for group in groups]
+        state.trained_groups += numbers
+        append_json(Path(config.run_dir) / "batches.jsonl", {"step": state.step, "groups": numbers})
+        state.policy_version = version + self.version_offset
+        metrics.update(self._batch_metrics(trajectories, version))
+        metrics["perf/time_rollout"] = rollout_seconds
+        metrics["perf/time_step"] = rollout_seconds + metrics["perf/time_train"] + metrics["perf/time_sync"]
+        metrics["perf/tokens_per_s"] = sum(t.num_generated for t in trajectories) / metrics["perf/time_step"]
+        self.metrics.log(state.step, metrics)
+        self.progress.on_advance(metrics)
+        if config.checkpoint_every and state.step % config.checkpoint_every == 0 and state.step < config.steps:
+            await self.acheckpoint()
+        if config.eval_every and state.step % config.eval_every == 0 and state.step < config.steps:
+            await self._evaluate(state.step)
+        await self._notify()
+
+    def _batch_metrics(self, trajectories: list[Trajectory], version: int) -> dict[str, float]:
+        """``rollout/...`` of this step's batch (failed episodes since the last step included) and
+        ``train/staleness...`` of its tokens."""
+        summary = RolloutStats.of(trajectories).summary()
+        del summary["perf/rollout_tokens_per_s"]  # the step's own perf/tokens_per_s says it
+        stats = self.buffer.stats
+        failed, self._failed_seen = stats.failed - self._failed_seen, stats.failed
+        staleness = [
+            version - 1 - v for t in trajectories for v in t.versions if v >= 0
+        ]  # trained weights: version - 1
+        return {
+            **summary,
+            "rollout/episodes": float(len(trajectories) + failed),
+            "rollout/failed": float(failed),
+            "train/staleness_mean": sum(staleness) / max(len(staleness), 1),
+            "train/staleness_max": float(max(staleness, default=0)),
+            "train/stale_groups": float(stats.stale_groups),
+            "train/policy_version": float(version + self.version_offset),
+        }
+
+    # --- evaluation and checkpoints --------------------------------------------------------------
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Play the held-out episodes now (blocking); log and return ``eval/...`` metrics."""
+        return asyncio.run(self._evaluate(step))
+
+    async def _evaluate(self, step: int) -> dict[str, float]:
+        rollout = self.config.rollout
+        engine = build_engine(
+            rollout.env_id,
+            self.policy,
+            env_kwargs={"split": "test"},
+            system_prompt=rollout.system_prompt,
+            sampling=replace(sampling_of(rollout, temperature=self.config.eval_temperature), seed=None),
+            limits=limits_of(rollout),
+            concurrency=rollout.concurrency,
+            seed=EVAL_SEED_OFFSET + rollout.seed,
+        )
+        self.progress.on_phase(f"evaluating (step {step})", self.config.eval_episodes)
+        try:
+            async for _ in engine.stream(self.config.eval_episodes):
+                self.progress.on_advance({})
+        finally:
+            engine.close()
+        summary = engine.stats.summary()
+        result = {
+            "eval/success_rate": summary["rollout/success_rate"],
+            "eval/reward_mean": summary["rollout/reward_mean"],
+            "eval/episodes": float(engine.stats.episodes),
+            "eval/failed": float(engine.stats.failed),
+        }
+        self.metrics.log(step, result)
+        return result
+
+    def checkpoint(self) -> None:
+        """Save the trainer, the controller state and the buffered groups (see trainers.checkpoint)."""
+        save_checkpoint(*self._checkpoint_parts(), keep=self.config.keep_checkpoints)
+
+    async def acheckpoint(self) -> None:
+        """:meth:`checkpoint` with the file writing off the event loop (episodes go on meanwhile)."""
+        await asyncio.to_thread(save_checkpoint, *self._checkpoint_parts(), keep=self.config.keep_checkpoints)
+
+    def _checkpoint_parts(self) -> tuple[Any, ...]:
+        # Taken on the loop, in one go: the buffer and the state are consistent with each other.
+        buffered = [t for group in self.buffer.ready_groups() for t in group]
+        return self.config.run_dir, self.state.step, self.trainer.state_dict(), asdict(self.state), buffered
+
+
+def shift_versions(trajectory: Trajectory, offset: int) -> Trajectory:
+    """``trajectory`` with its generated tokens' versions lowered by ``offset`` (never below 0)."""
+    if not offset:
+        return trajectory
+    versions = [v if v < 0 else max(v - offset, 0) for v in trajectory.versions]
+    return dataclasses.replace(trajectory, versions=versions)
+
+
+def oldest_version(group: list[Trajectory], default: int) -> int:
+    """The policy version of the oldest generated token of ``group``."""
+    return min((v for t in group for v in t.versions if v >= 0), default=default)
+
+
+def append_json(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+
+
+def plot_quietly(run_dir: Path) -> Path | None:
+    try:
+        return plot_run(run_dir)
+    except Exception as e:  # a missing plot must not lose a finished run; say why
+        log.warning("could not plot %s: %s", run_dir, e)
+        return None

