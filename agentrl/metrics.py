@@ -92,6 +92,11 @@ METRICS: Mapping[str, str] = {
     "eval/reward_mean": "mean episode return on the held-out split",
     "eval/episodes": "held-out episodes played",
     "eval/failed": "held-out episodes that ended with an error",
+    "eval/vs_base_success_rate": (
+        "multi-agent runs (`eval_against_base`): success rate of a trained policy's agents on the held-out split, "
+        "with the base model in every other seat"
+    ),
+    "eval/vs_base_reward_mean": "the same run's mean return of that policy's agents",
 }
 """Every fixed metric name with its one-line meaning."""
 

@@ -116,6 +116,10 @@ def resolve_policies(config: TrainConfig, agents: list[str]) -> tuple[Callable[[
                 f"policies.{policy_id} is played by no agent: mapping {config.mapping!r} gives {roster}; "
                 "remove the entry or change the mapping."
             )
+    if config.rollout.ray_address:
+        raise ConfigError(
+            "multi-policy training plays in this process; unset rollout.ray_address (Ray runs single-policy training)."
+        )
     if config.rollout.backend not in ("vllm", "hf"):
         raise ConfigError(
             f"training needs an engine that takes new weights: rollout.backend vllm or hf, not {config.rollout.backend!r}."
@@ -302,6 +306,9 @@ def train_policies(config: TrainConfig, progress: Progress | None = None) -> Tra
                 state.eval_before = run.evaluate()
             asyncio.run(run.run())
             eval_after = run.evaluate() if config.eval_episodes else None
+            if config.eval_episodes and config.eval_against_base and eval_after is not None:
+                for policy_id in trainers:
+                    eval_after.update(run.evaluate(against_base=(policy_id, engines.base())))
             run.checkpoint()
         model_dir = None
         if config.export:
@@ -343,6 +350,13 @@ class _Engines:
             self.close()
             raise
         self.tokenizer = (self.host or next(iter(self.own.values()))).tokenizer
+
+    def base(self) -> Policy:
+        """The base model, untrained: the LoRA engine without an adapter, or an engine of its own."""
+        if self.host is None:
+            rollout = self.config.rollout
+            self.host = make_policy(rollout.backend, self.base_path, policy_options(rollout))
+        return self.host  # type: ignore[no-any-return]
 
     def model_path(self, policy_id: str) -> str:
         return resolve_model(self.policies[policy_id].model or self.config.rollout.model)
@@ -649,15 +663,22 @@ class MultiController:
 
     # --- evaluation and checkpoints --------------------------------------------------------------
 
-    def evaluate(self) -> dict[str, float]:
-        """Play the held-out episodes now (blocking); log and return ``eval/<policy>/...``."""
-        return asyncio.run(self._evaluate())
+    def evaluate(self, against_base: tuple[str, Policy] | None = None) -> dict[str, float]:
+        """Play the held-out episodes now (blocking); log and return ``eval/<policy>/...``.
 
-    async def _evaluate(self) -> dict[str, float]:
+        ``against_base=(policy_id, base)``: that policy plays its agents, ``base`` every other
+        agent; logged as ``eval/<policy_id>/vs_base_success_rate`` and ``.../vs_base_reward_mean``.
+        """
+        return asyncio.run(self._evaluate(against_base))
+
+    async def _evaluate(self, against_base: tuple[str, Policy] | None = None) -> dict[str, float]:
         rollout = self.config.rollout
+        policies = {p: lane.policy for p, lane in self.lanes.items()}
+        if against_base is not None:
+            policies = {p: policy if p == against_base[0] else against_base[1] for p, policy in policies.items()}
         engine = build_engine(
             rollout.env_id,
-            {p: lane.policy for p, lane in self.lanes.items()},
+            policies,
             mapping=self.engine.mapping,
             env_kwargs={"split": "test"},
             system_prompt=rollout.system_prompt,
@@ -675,6 +696,15 @@ class MultiController:
         result: dict[str, float] = {}
         for policy_id, stats in sorted(engine.policy_stats.items()):
             summary = stats.summary()
+            if against_base is not None:
+                if policy_id == against_base[0]:
+                    named = {
+                        policy_metric("eval/vs_base_success_rate", policy_id): summary["rollout/success_rate"],
+                        policy_metric("eval/vs_base_reward_mean", policy_id): summary["rollout/reward_mean"],
+                    }
+                    self.metrics.log(self.lanes[policy_id].state.step, named)
+                    result.update(named)
+                continue
             scores = {
                 "eval/success_rate": summary["rollout/success_rate"],
                 "eval/reward_mean": summary["rollout/reward_mean"],

@@ -105,6 +105,8 @@ class TrainConfig:
     """Sampling temperature of the evaluations."""
     eval_every: int = 0
     """Also evaluate every this many steps (0 = only before and after)."""
+    eval_against_base: bool = False
+    """Multi-agent envs: after training, each trained policy also plays the held-out episodes with the base model in every other seat."""
     run_dir: str = "runs/train"
     """Where metrics, checkpoints, the trained model and the plot go."""
     checkpoint_every: int = 5

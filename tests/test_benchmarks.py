@@ -189,3 +189,20 @@ def test_train_async_vs_sync_quick_run_prints_its_table(capsys):
     load("train_async_vs_sync").main(["--quick"])
     out = capsys.readouterr().out
     assert "async2-wait / sync:" in out and "generated vs trained" in out
+
+
+@pytest.mark.slow
+def test_multi_policy_serving_quick_run_prints_its_table(capsys):
+    """Starts four tiny vLLM engines (one alone, two side by side, one with two adapters): slow."""
+    head = (BENCHMARKS / "multi_policy_serving.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/multi_policy_serving.py --quick") for line in head)
+    assert load("multi_policy_serving").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for row in (
+        "one engine, full weights",
+        "separate engines, full weights",
+        "LoRA adapters, one engine",
+        "2 policies: adapters / separate engines",
+        "adapters' RSS / one engine's",
+    ):
+        assert row in out
