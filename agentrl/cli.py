@@ -569,7 +569,8 @@ def train_command(
                 f"imports: cannot import {module!r} ({type(e).__name__}: {e}). Install the package "
                 "that provides it, or remove it from imports."
             ) from e
-    agentrl.spec(settings.rollout.env_id)  # an unknown env fails now, before the engine starts
+    if not is_multiagent(settings.rollout.env_id):  # a multi-agent id trains several policies
+        agentrl.spec(settings.rollout.env_id)  # an unknown env fails now, before the engine starts
     with _TrainProgress() as progress:
         result = train(settings, progress.hooks())  # no model, no server: CleanErrors
     _print_train_summary(settings, result)

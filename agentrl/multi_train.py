@@ -202,6 +202,7 @@ class Lane:
         self.version_offset = 0
         self.start_versions: dict[int, int] = {}  # group number -> this policy's version when it started
         self.dropped_seen = 0  # how many of the buffer's dropped groups were counted lost
+        self.failed_seen = 0  # failed episodes of the run already reported by this policy's steps
         self.lock = asyncio.Lock()  # a checkpoint never sees a step half done
 
     def group_id(self, base: str) -> str:
@@ -649,6 +650,9 @@ class MultiController:
         record = {"policy": lane.policy_id, "step": lane.state.step, "groups": numbers}
         append_json(Path(self.config.run_dir) / "batches.jsonl", record)
         metrics.update(_batch_metrics(trajectories, version, lane.version_offset))
+        failed = self.engine.failed_episodes + self.hook_failures
+        metrics["rollout/failed"], lane.failed_seen = float(failed - lane.failed_seen), failed
+        metrics["rollout/episodes"] = float(len(trajectories)) + metrics["rollout/failed"]
         metrics["perf/time_step"] = time.perf_counter() - started
         metrics["train/stage"] = float(self.state.stage)
         self.metrics.log(lane.state.step, {policy_metric(name, lane.policy_id): v for name, v in metrics.items()})
@@ -689,7 +693,7 @@ class MultiController:
         )
         self.progress.on_phase(f"evaluating (step {self.total_steps()} of all policies)", self.config.eval_episodes)
         try:
-            async for _ in engine.stream(self.config.eval_episodes):
+            async for _ in engine.stream_episodes(self.config.eval_episodes):  # one tick per episode
                 self.progress.on_advance({})
         finally:
             engine.close()

@@ -1,7 +1,7 @@
 """Multi-policy serving: N policies as LoRA adapters of one vLLM engine against one engine per policy.
 
-    python benchmarks/multi_policy_serving.py --quick      # smoke test: tiny model, 2 policies, a few minutes
-    python benchmarks/multi_policy_serving.py              # SmolLM2-135M-Instruct, 2 and 4 policies, 10-15 minutes
+    python benchmarks/multi_policy_serving.py --quick      # smoke test: tiny model, 2 policies, about 2 minutes
+    python benchmarks/multi_policy_serving.py              # SmolLM2-135M-Instruct, 2 and 4 policies, about 6.5 minutes
     python benchmarks/multi_policy_serving.py --policies 2 --prompts 8 --max-tokens 32
 
 N policies share a base model and differ by a LoRA adapter each (``--rank`` 16 on every linear
@@ -23,7 +23,9 @@ every policy's requests sent at once, sampled at temperature 1 with ``max_tokens
 (``Sampling`` has no ignore-EOS switch, so the tokens actually generated are counted; a policy's
 adapter and its merged weights are the same model, so both ways draw from the same distribution).
 One short warm-up request per policy comes first; engine start and weight loading are timed apart.
-Throughput is generated tokens over the wall time of the timed round.
+Throughput is generated tokens over the wall time of the timed round. Beside it: the share of
+requests that ran to ``max_tokens`` (``at max``), and the CPU seconds per wall second of the timed
+round of the whole process tree (``busy``; 2.00 = both cores) and of the engines' workers alone.
 
 Memory is the resident set (RSS) summed over the child's process tree after the timed round: the
 caller (holding the engines' clients) and each engine's ``EngineCore`` and ``Worker`` processes.
@@ -169,9 +171,11 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         warm_up = Sampling(max_tokens=4)
         asyncio.run(play(policies, [prompts[:1] for prompts in spec["prompts"]], warm_up))
         sampling = Sampling(max_tokens=spec["max_tokens"], temperature=1.0)
+        cpu_before = tree_cpu()
         started = time.perf_counter()
         generations = asyncio.run(play(policies, spec["prompts"], sampling))
         seconds = time.perf_counter() - started
+        cpu = {k: v - cpu_before[k] for k, v in tree_cpu().items()}
         memory = tree_memory()
     finally:
         for policy in policies:
@@ -188,6 +192,8 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         "at_max_tokens": sum(g.finish_reason == "length" for g in generations),
         "seconds": seconds,
         "start_s": start_s,
+        "busy": cpu["all"] / seconds,
+        "workers_busy": cpu["workers"] / seconds,
         **memory,
     }
 
@@ -205,6 +211,24 @@ def release_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: RSS may keep some freed pages
         pass
+
+
+def tree_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by this process and its descendants, and by the
+    vLLM workers among them."""
+    import psutil
+
+    me = psutil.Process()
+    total = workers = 0.0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+            is_worker = "Worker" in " ".join(process.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+        workers += (times.user + times.system) if is_worker else 0.0
+    return {"all": total, "workers": workers}
 
 
 def tree_memory() -> dict[str, Any]:
@@ -315,7 +339,7 @@ def report(
     )
     print(
         f"{'setting':<32}{'policies':>9}{'requests':>9}{'tokens':>8}{'start s':>9}{'seconds':>9}{'tokens/s':>10}"
-        f"{'at max':>7}{'vs separate':>12}{'RSS MiB':>9}{'vs one':>8}{'PSS MiB':>9}"
+        f"{'at max':>7}{'busy':>6}{'worker':>7}{'vs separate':>12}{'RSS MiB':>9}{'vs one':>8}{'PSS MiB':>9}"
     )
     rows = [("single", 1)] + [(s, n) for n in counts for s in ("separate", "adapters")]
     for setting, n in rows:
@@ -325,7 +349,8 @@ def report(
         ratio = f"{speed / (separate['tokens'] / separate['seconds']):.2f}x" if setting == "adapters" else ""
         print(
             f"{ROW_NAMES[setting]:<32}{n:>9}{r['requests']:>9}{r['tokens']:>8}"
-            f"{r['start_s']:>9.1f}{r['seconds']:>9.2f}{speed:>10.1f}{r['at_max_tokens'] / r['requests']:>7.0%}{ratio:>12}{r['rss_mib']:>9.0f}"
+            f"{r['start_s']:>9.1f}{r['seconds']:>9.2f}{speed:>10.1f}{r['at_max_tokens'] / r['requests']:>7.0%}"
+            f"{r['busy']:>6.2f}{r['workers_busy']:>7.2f}{ratio:>12}{r['rss_mib']:>9.0f}"
             f"{r['rss_mib'] / single['rss_mib']:>7.2f}x{r['pss_mib']:>9.0f}"
         )
     for n in counts:

@@ -21,6 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import multi_env  # noqa: E402  (registers tests/SayLetters-v0)
 
+from agentrl import multi_train  # noqa: E402
 from agentrl.config import ConfigError, load_config  # noqa: E402
 from agentrl.metrics import read_metrics  # noqa: E402
 from agentrl.train import TrainConfig, train  # noqa: E402
@@ -95,16 +96,25 @@ def test_both_policies_learn_asynchronously_and_in_lockstep(tiny_model_dir, tmp_
         assert record["policy"] in POLICIES and len(record["groups"]) == 4
 
 
-def test_a_frozen_policy_keeps_its_weights_bitwise(tiny_model_dir, tmp_path):
+def test_a_frozen_policy_keeps_its_weights_bitwise(tiny_model_dir, tmp_path, monkeypatch):
+    served = {}
+    serve = multi_train._Engines.serve
+
+    def spy(self, policy_id, trainer):  # the engine-side policy of each id, to read its weights after
+        served[policy_id] = serve(self, policy_id, trainer)
+        return served[policy_id]
+
+    monkeypatch.setattr(multi_train._Engines, "serve", spy)
     policies = {"sayer_a": {"weights": "full"}, "sayer_b": {"weights": "full", "trainable": False}}
-    config = _config(tiny_model_dir, tmp_path / "run", "export=true", policies=policies)
-    result = train(config)
+    result = train(_config(tiny_model_dir, tmp_path / "run", "export=true", policies=policies))
 
     assert len(_steps(result.run_dir, "sayer_a")) == 3 and _steps(result.run_dir, "sayer_b") == []
     assert not (result.run_dir / "model" / "sayer_b").exists()
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    frozen = served["sayer_b"].model.state_dict()
+    assert served["sayer_b"].version == 0 and all(torch.equal(base[k], frozen[k]) for k in base)
     trained = AutoModelForCausalLM.from_pretrained(result.run_dir / "model" / "sayer_a").state_dict()
     assert any(not torch.equal(base[k], trained[k]) for k in base), "the trained policy did not change"
 
