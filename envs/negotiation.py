@@ -316,9 +316,11 @@ _POOL = re.compile(r"this pool of items: ([^.]*)\.")
 
 def claim_bonus(episode: Mapping[str, Trajectory], bonus: float = 0.1) -> dict[str, list[float]]:
     """A shaping reward for training small models (a ``reward_fn`` of ``agentrl train``): each
-    trader's env rewards, plus ``bonus`` at every turn whose reply ended in a claim the pool can
-    hold. A deal pays at most 1; an untrained SmolLM2-135M writes a valid claim in about 4% of its
-    turns and makes no deal, so without the bonus a group rarely has a reward to compare.
+    trader's env rewards, plus at every turn a share of ``bonus`` for how close its reply came to a
+    claim: the whole ``bonus`` for a claim the pool can hold, half for a ``Claim:`` line that is not
+    one, a fifth for naming a claim at all. A deal pays at most 1; an untrained SmolLM2-135M writes
+    a valid claim in about 4% of its turns, a ``Claim:`` line in 6%, the word in 26%, and makes no
+    deal, so without the ladder a group rarely has a reward to compare.
 
     ``episode`` is each trader's :class:`~agentrl.types.Trajectory`; the pool is read from the
     rules in its first message, the replies from its assistant messages (one per turn).
@@ -332,10 +334,18 @@ def claim_bonus(episode: Mapping[str, Trajectory], bonus: float = 0.1) -> dict[s
         pool = parse_claim(f"Claim: {found.group(1)}", (99, 99, 99))
         replies = [m.content for m in trajectory.messages if m.role == "assistant"][: len(trajectory.turn_rewards)]
         rewards[agent_id] = [
-            reward + (bonus if _valid_claim(reply, pool) else 0.0)
-            for reward, reply in zip(trajectory.turn_rewards, replies)
+            reward + bonus * _claim_credit(reply, pool) for reward, reply in zip(trajectory.turn_rewards, replies)
         ]
     return rewards
+
+
+def _claim_credit(text: str, pool: Bundle) -> float:
+    """1 for a claim ``pool`` can hold, 0.5 for another ``Claim:`` line, 0.2 for the word, else 0."""
+    if _valid_claim(text, pool):
+        return 1.0
+    if _CLAIM.search(text):
+        return 0.5
+    return 0.2 if "claim" in text.lower() else 0.0
 
 
 def _valid_claim(text: str, pool: Bundle) -> bool:

@@ -35,3 +35,28 @@ def test_the_grpo_script_runs_its_loop_and_moves_the_weights(tiny_model_dir):
     assert final, out
     assert int(final[1]) == 2  # each step's weights reached the inference engine
     assert 0 < float(final[2]) < 0.1  # the trainer changed the top layer, by a small step
+
+
+def test_the_negotiation_example_trains_two_policies_with_a_tiny_model_and_budget(tiny_model_dir, tmp_path):
+    # examples/negotiation.yaml as it stands (two LoRA policies, the claim-bonus reward_fn, the
+    # evaluation against the base), with only the model, the backend and the budget made small.
+    import json
+
+    config = EXAMPLES / "negotiation.yaml"
+    assert "agentrl train examples/negotiation.yaml" in "\n".join(config.read_text().splitlines()[:5])
+    small = [f"rollout.model={tiny_model_dir}", "rollout.backend=hf", "rollout.group_size=2", "rollout.max_tokens=8",
+             "groups_per_step=1", "steps=2", "eval_episodes=2", f"run_dir={tmp_path / 'run'}"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", str(config), *small],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trader_0 success rate" in done.stdout and "trader_1 success rate" in done.stdout, done.stdout
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for policy in ("trader_0", "trader_1"):
+        assert [m["step"] for m in lines if f"train/{policy}/loss" in m] == [1, 2]
+        assert any(f"eval/{policy}/vs_base_success_rate" in m for m in lines)
+    assert (tmp_path / "run" / "model" / "trader_0" / "adapter_config.json").exists()

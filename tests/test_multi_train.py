@@ -251,3 +251,78 @@ def test_lora_policies_on_one_vllm_engine_train_with_the_engines_logprobs(tiny_m
         # on-policy: the engine sampled with the adapter version the trainer scores, token for token
         gaps = [m[f"train/{policy}/engine_logprob_gap"] for m in steps]
         assert max(gaps) < 1e-3, gaps
+
+
+@pytest.mark.slow
+def test_kill_9_and_resume_loses_and_repeats_no_batch_of_any_policy(tiny_model_dir, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    run_dir = tmp_path / "run"
+    config = {
+        "rollout": {
+            "env_id": multi_env.ENV_ID,
+            "model": str(tiny_model_dir),
+            "backend": "hf",
+            "group_size": 4,
+            "max_tokens": 6,
+            "max_length": 256,
+            "max_turns": 2,
+        },
+        "trainer": {"lr": 1e-2, "micro_batch_size": 8},
+        "mapping": "individual",
+        "policies": FULL,
+        "steps": 6,
+        "groups_per_step": 2,
+        "max_staleness": 1,
+        "eval_episodes": 0,
+        "checkpoint_every": 2,
+        "keep_checkpoints": 20,
+        "export": False,
+        "torch_threads": 1,
+        "run_dir": str(run_dir),
+        "imports": ["multi_env"],
+    }
+    config_path = tmp_path / "train.yaml"
+    config_path.write_text(json.dumps(config))  # JSON is YAML
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+
+    def start() -> subprocess.Popen[bytes]:
+        command = [sys.executable, "-m", "agentrl.cli", "train", str(config_path)]
+        return subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    process = start()
+    ledger = run_dir / "batches.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and process.poll() is None:  # kill once 7 of the 12 steps trained
+        if ledger.exists() and len(ledger.read_text().splitlines()) >= 7:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, process.stdout.read().decode()[-3000:]
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    checkpoints = sorted((run_dir / "checkpoints").glob("step-*"))
+    assert checkpoints, "no checkpoint before the kill"
+    state = json.loads((checkpoints[-1] / "controller.json").read_text())
+    buffered = [json.loads(line) for line in (checkpoints[-1] / "buffer.jsonl").read_text().splitlines() if line]
+
+    process = start()
+    output = process.communicate(timeout=600)[0].decode()
+    assert process.returncode == 0, output[-3000:]
+
+    records = [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]
+    for policy in POLICIES:
+        history = {r["step"]: r["groups"] for r in records if r["policy"] == policy}  # the last record wins
+        assert sorted(history) == list(range(1, 7))
+        used = [g for step in sorted(history) for g in history[step]]
+        assert len(used) == len(set(used)) == 12, f"{policy} trained a group twice: {used}"
+        saved = state["lanes"][policy]
+        # the steps up to the checkpoint are the ones it says the policy trained
+        assert [g for step in range(1, saved["step"] + 1) for g in history[step]] == saved["trained_groups"]
+        # groups waiting in its buffer at the checkpoint were trained on after the resume, not lost
+        waiting = {int(t["group_id"].split("#0-")[1].split("/")[0]) for t in buffered if t["policy_id"] == policy}
+        assert waiting <= {g for step in range(saved["step"] + 1, 7) for g in history[step]}
