@@ -1,5 +1,5 @@
 """A two-agent env for multi-policy training tests: ``sayer_a`` is rewarded for the letter a,
-``sayer_b`` for b, each by the share of its letter in its own reply (so each policy's reward
+``sayer_b`` for e, each by the share of its letter in its own reply (so each policy's reward
 depends only on what it wrote). Two rounds: each agent is rewarded at each of its turns, and sees
 what the other wrote. A random tiny model writes random bytes; policy gradient raises both shares
 within a few steps.
@@ -16,7 +16,7 @@ from agentrl.multiagent import MessageList, multiagent_ids, register_multiagent
 from agentrl.types import Message
 
 ENV_ID = "tests/SayLetters-v0"
-LETTERS = {"sayer_a": "a", "sayer_b": "b"}
+LETTERS = {"sayer_a": "a", "sayer_b": "e"}
 
 
 class SayLetters(ParallelEnv):
@@ -74,3 +74,10 @@ def first_turn_only(episode: dict[str, Any]) -> list[Any]:
     from agentrl.multi_train import first_turns
 
     return [first_turns(t, 1) for t in episode.values()]
+
+
+ONE_ROUND_ID = "tests/SayLettersOnce-v0"
+"""The same game in one round: the clearest signal, for the tests that ask whether policies learn."""
+
+if ONE_ROUND_ID not in multiagent_ids():
+    register_multiagent(ONE_ROUND_ID, SayLetters, {"rounds": 1})

