@@ -1,11 +1,11 @@
 """Several policies trained in one job (agentrl.multi_train), fast: the tiny model on the hf backend.
 
 A two-agent env where each agent's reward depends only on its own reply (tests/multi_env.py): both
-policies train on their own agent's trajectories, async and in lockstep; a frozen policy's weights stay bitwise equal; ``all`` trains one policy on both
-agents' turns; stages say who trains when; a resumed run
-trains no group twice for any policy; config errors are caught before an engine starts. LoRA
-adapters served on one engine are in tests/test_lora_serving.py; the same loop on vLLM is marked
-slow here.
+policies train on their own agent's trajectories, async and in lockstep; a frozen policy's weights
+stay bitwise equal; ``all`` trains one policy on both agents' turns; stages say who trains when; a
+resumed run (and one killed with SIGKILL) trains no group twice for any policy; config errors are
+caught before an engine starts. LoRA adapters served on one engine are in
+tests/test_lora_serving.py; the same loop on vLLM is marked slow here.
 """
 
 from __future__ import annotations
