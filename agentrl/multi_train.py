@@ -427,6 +427,10 @@ class MultiController:
         self.state, self.progress = state, progress
         self.reward_fn, self.samples_fn = reward_fn, samples_fn
         self.stages = config.run_stages()
+        self.stage = self.stages[min(state.stage, len(self.stages) - 1)]
+        """The stage running now (set again as each stage starts)."""
+        self.active: list[Lane] = []
+        """The lanes still training in the current stage."""
         self.per_group = config.rollout.group_size + config.rollout.redundancy
         self.numbers = {engine.group_id(n): n for n in range(state.next_group)}
         for lane in lanes.values():
