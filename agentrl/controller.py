@@ -295,7 +295,7 @@ class Controller:
         engine = build_engine(
             rollout.env_id,
             self.policy,
-            env_kwargs={"split": "test"},
+            env_kwargs={**rollout.env_kwargs, "split": "test"},
             system_prompt=rollout.system_prompt,
             sampling=replace(sampling_of(rollout, temperature=self.config.eval_temperature), seed=None),
             limits=limits_of(rollout),

@@ -110,10 +110,15 @@ class ReplySpace(gym.Space[str]):
     the tool paths of an env before any model is involved.
     """
 
-    def __init__(self, tools: Sequence[Tool] = (), max_length: int = 100_000, seed: int | None = None):
+    def __init__(
+        self, tools: Sequence[Tool] = (), max_length: int = 100_000, seed: int | None = None, reply_prefix: str = ""
+    ):
         super().__init__(shape=None, dtype=None, seed=seed)
         self.tools = list(tools)
         self.max_length = max_length
+        self.reply_prefix = reply_prefix
+        """Text every reply starts with, written into the agent's prompt (a prefill); the agent
+        layer (:class:`~agentrl.agents.ChatAgent`) puts it there and back in front of the reply."""
 
     def contains(self, x: Any) -> bool:
         if isinstance(x, Message):

@@ -63,8 +63,8 @@ Episode = dict[str, Trajectory]
 """One finished episode: each agent's trajectory, by agent id."""
 RewardFn = Callable[..., Mapping[str, "float | list[float]"]]
 """``reward_fn(episode, **stage.reward) -> {agent_id: return, or one reward per turn}``."""
-SamplesFn = Callable[[Episode], list[Trajectory]]
-"""``samples_fn(episode) -> trajectories``, each trained by the policy its ``policy_id`` names."""
+SamplesFn = Callable[..., list[Trajectory]]
+"""``samples_fn(episode, **samples_args) -> trajectories``, each trained by the policy its ``policy_id`` names."""
 
 
 # --- set-up ------------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ def train_policies(config: TrainConfig, progress: Progress | None = None) -> Tra
     multi-agent env id calls this through :func:`agentrl.train.train`."""
     progress = progress or Progress()
     env_id = config.rollout.env_id
-    probe = make_multiagent(env_id)
+    probe = make_multiagent(env_id, **config.rollout.env_kwargs)
     try:
         agents = list(probe.possible_agents)
     finally:
@@ -298,7 +298,7 @@ def train_policies(config: TrainConfig, progress: Progress | None = None) -> Tra
             env_id,
             served,
             mapping=mapping,
-            env_kwargs={"split": "train"},
+            env_kwargs={**config.rollout.env_kwargs, "split": "train"},
             **engine_settings(config.rollout),
         )
         with MetricsLogger(run_dir, tensorboard=config.tensorboard, wandb=config.wandb, config=record) as metrics:
@@ -339,7 +339,7 @@ class _Engines:
                 options = policy_options(config.rollout)
                 if config.rollout.backend == "vllm":
                     ranks = [config.trainer_settings(p).lora_rank for p in lora]
-                    options.update(max_loras=max(len(lora), 1), max_lora_rank=_vllm_rank(max(ranks)))
+                    options.update(max_loras=max(len(lora), 1), max_lora_rank=vllm_lora_rank(max(ranks)))
                 self.host = make_policy(config.rollout.backend, self.base_path, options)
             for policy_id, policy in policies.items():
                 if policy.weights == "full":
@@ -378,7 +378,7 @@ class _Engines:
                 log.warning("closing an engine failed: %s", e)
 
 
-def _vllm_rank(rank: int) -> int:
+def vllm_lora_rank(rank: int) -> int:
     """The smallest rank vLLM's ``max_lora_rank`` accepts that holds ``rank``."""
     for allowed in (8, 16, 32, 64, 128, 256, 320, 512):
         if rank <= allowed:
@@ -596,7 +596,11 @@ class MultiController:
         try:
             if self.reward_fn is not None:
                 episode = _rescored(episode, self.reward_fn(dict(episode), **self.stage.reward))
-            samples = self.samples_fn(dict(episode)) if self.samples_fn is not None else list(episode.values())
+            samples = (
+                self.samples_fn(dict(episode), **self.config.samples_args)
+                if self.samples_fn is not None
+                else list(episode.values())
+            )
         except Exception as e:  # a user's hook failing on one episode must not end the run
             message = f"{type(e).__name__}: {e}"
             if message not in self._warned:
@@ -688,7 +692,7 @@ class MultiController:
             rollout.env_id,
             policies,
             mapping=self.engine.mapping,
-            env_kwargs={"split": "test"},
+            env_kwargs={**rollout.env_kwargs, "split": "test"},
             system_prompt=rollout.system_prompt,
             sampling=replace(sampling_of(rollout, temperature=self.config.eval_temperature), seed=None),
             limits=limits_of(rollout),
@@ -750,29 +754,6 @@ class MultiController:
         state = asdict(self.state)
         # Groups still running are neither finished nor abandoned: a resume replays them.
         return self.config.run_dir, self.total_steps(), trainers, state, buffered
-
-
-def first_turns(trajectory: Trajectory, turns: int) -> Trajectory:
-    """``trajectory`` cut after its first ``turns`` turns (the observation after the last kept turn
-    dropped): a training sample of part of an episode, e.g. for ``samples_fn``.
-
-    The returned trajectory keeps those turns' rewards; ``reward`` is their sum.
-    """
-    if not 1 <= turns <= len(trajectory.turn_ends):
-        raise ValueError(f"cannot keep {turns} turns of a trajectory with {len(trajectory.turn_ends)}.")
-    end = trajectory.turn_ends[turns - 1] + 1
-    rewards = list(trajectory.turn_rewards[:turns])
-    return dataclasses.replace(
-        trajectory,
-        token_ids=trajectory.token_ids[:end],
-        loss_mask=trajectory.loss_mask[:end],
-        logprobs=trajectory.logprobs[:end],
-        versions=trajectory.versions[:end],
-        turn_ends=trajectory.turn_ends[:turns],
-        turn_rewards=rewards,
-        reward=sum(rewards),
-        turns=turns,
-    )
 
 
 def _rescored(episode: Episode, rewards: Mapping[str, float | list[float]]) -> Episode:

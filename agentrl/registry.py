@@ -221,29 +221,32 @@ def is_multiagent(id: str) -> bool:
 
 
 @overload
-def make_multiagent(id: str, *, api: Literal["parallel"] = "parallel", **kwargs: Any) -> ParallelEnv[str, Any, Any]: ...
+def make_multiagent(id: str, *, api: Literal["parallel"], **kwargs: Any) -> ParallelEnv[str, Any, Any]: ...
 @overload
 def make_multiagent(id: str, *, api: Literal["aec"], **kwargs: Any) -> AECEnv[str, Any, Any]: ...
-def make_multiagent(id: str, *, api: Literal["parallel", "aec"] = "parallel", **kwargs: Any) -> MultiAgentEnv:
-    """Make the multi-agent env registered under ``id``, as a ``ParallelEnv`` (``api="parallel"``)
-    or an ``AECEnv`` (``api="aec"``), converting with PettingZoo's own wrappers when the registered
-    class is the other kind. ``kwargs`` override the registered ones.
+@overload
+def make_multiagent(id: str, *, api: None = None, **kwargs: Any) -> MultiAgentEnv: ...
+def make_multiagent(id: str, *, api: Literal["parallel", "aec"] | None = None, **kwargs: Any) -> MultiAgentEnv:
+    """Make the multi-agent env registered under ``id``: as the class it is registered as
+    (``api=None``), a ``ParallelEnv`` (``api="parallel"``) or an ``AECEnv`` (``api="aec"``),
+    converting with PettingZoo's own wrappers when the registered class is the other kind.
+    ``kwargs`` override the registered ones.
 
     >>> env = make_multiagent("agentrl/Negotiation-v0", split="test")
     >>> observations, infos = env.reset(seed=0)
     >>> sorted(observations)
     ['trader_0', 'trader_1']
     """
-    if api not in ("parallel", "aec"):
-        raise ValueError(f"api must be 'parallel' or 'aec', got {api!r}.")
+    if api not in (None, "parallel", "aec"):
+        raise ValueError(f"api must be None (as registered), 'parallel' or 'aec', got {api!r}.")
     spec = multiagent_spec(id)
     entry_point = spec.entry_point
     creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
     env = creator(**{**spec.kwargs, **kwargs})
     if isinstance(env, ParallelEnv):
-        return env if api == "parallel" else parallel_to_aec(env)
+        return env if api != "aec" else parallel_to_aec(env)
     if isinstance(env, AECEnv):
-        if api == "aec":
+        if api != "parallel":
             return env
         if not env.metadata.get("is_parallelizable", False):
             raise ValueError(

@@ -52,7 +52,9 @@ def _rollout_here(
     own_policy = policy is None
     policy = policy or make_policy(config)
     try:
-        engine = build_engine(config.env_id, policy, env_kwargs={"split": config.split}, **engine_settings(config))
+        engine = build_engine(
+            config.env_id, policy, env_kwargs={**config.env_kwargs, "split": config.split}, **engine_settings(config)
+        )
         try:
             trajectories = asyncio.run(collect(engine, config.episodes // config.group_size, on_trajectory))
         finally:
@@ -94,7 +96,12 @@ def _rollout_on_ray(
         settings = engine_settings(config)
         settings["concurrency"] = math.ceil(config.concurrency / num_workers)
         with DistributedRollout(
-            actor, config.env_id, tokenizer, num_workers=num_workers, env_kwargs={"split": config.split}, **settings
+            actor,
+            config.env_id,
+            tokenizer,
+            num_workers=num_workers,
+            env_kwargs={**config.env_kwargs, "split": config.split},
+            **settings,
         ) as distributed:
             trajectories = asyncio.run(collect(distributed, config.episodes // config.group_size, on_trajectory))
     finally:

@@ -121,7 +121,10 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
         if checkpoints or not own_policy:  # the engine must serve exactly the trainer's weights
             policy.update_weights(trainer.inference_weights())
         engine = build_engine(
-            config.rollout.env_id, policy, env_kwargs={"split": "train"}, **engine_settings(config.rollout)
+            config.rollout.env_id,
+            policy,
+            env_kwargs={**config.rollout.env_kwargs, "split": "train"},
+            **engine_settings(config.rollout),
         )
         with MetricsLogger(
             run_dir, tensorboard=config.tensorboard, wandb=config.wandb, config=to_dict(settings)

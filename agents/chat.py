@@ -97,6 +97,9 @@ class ChatAgent:
         end_of_turn: the text that ends an assistant turn (a special token such as ``<|im_end|>``
             or ``<|eot_id|>``). By default it is read from the template: the first special or
             added token written after an assistant message.
+        reply_prefix: text every reply of this agent starts with (a prefill, e.g. ``'{"unsafe": '``
+            for a JSON verdict): its tokens end every prompt (so they are context, never trained),
+            the policy writes the rest, and the parsed message holds the prefix and the rest.
 
     >>> from agentrl.testing import build_tiny_tokenizer
     >>> agent = ChatAgent(build_tiny_tokenizer(), system_prompt="Be brief.")
@@ -116,6 +119,7 @@ class ChatAgent:
         chat_template: str | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         end_of_turn: str | None = None,
+        reply_prefix: str = "",
     ):
         if tool_format not in TOOL_FORMATS:
             raise ValueError(f"Unknown tool_format {tool_format!r}; expected one of {TOOL_FORMATS}.")
@@ -138,6 +142,9 @@ class ChatAgent:
         self.end_of_turn_ids: list[int] = self.encode(self.end_of_turn)
         if not self.end_of_turn_ids:
             raise ValueError("end_of_turn must be a non-empty text.")
+        self.reply_prefix = reply_prefix
+        #: The token ids of :attr:`reply_prefix`, appended to every prompt and observation.
+        self.reply_prefix_ids: list[int] = self.encode(reply_prefix) if reply_prefix else []
         #: Keeps special-token strings in contents as text (see :mod:`agentrl.agents.guard`).
         self.guard = SpecialTextGuard(tokenizer)
         # The placeholder question rendered alone, kept between observation_text calls (see there).
@@ -161,6 +168,7 @@ class ChatAgent:
     def from_env(cls, tokenizer: PreTrainedTokenizerBase, env: AgentEnv, **kwargs: Any) -> ChatAgent:
         """An agent for ``env``: its tools and its tool-call format, plus any other arguments."""
         kwargs.setdefault("tool_format", env.tool_format)
+        kwargs.setdefault("reply_prefix", getattr(env.action_space, "reply_prefix", ""))
         return cls(tokenizer, env.tools, **kwargs)
 
     @property
@@ -199,7 +207,10 @@ class ChatAgent:
         prompt, rendered by the chat template and encoded once (exactly
         ``encode(render(conversation(messages), add_generation_prompt=True))``, from the layout of
         the messages' shape when it has one), except that special-token strings in the contents are
-        encoded as text."""
+        encoded as text; then the :attr:`reply_prefix` ids, if any."""
+        return self._prompt_ids(messages) + self.reply_prefix_ids
+
+    def _prompt_ids(self, messages: Sequence[Message]) -> list[int]:
         conversation = self.conversation(messages)
         if any(self.guard.needs(m.content) for m in conversation):
             marked = [self._marked(m) for m in conversation]
@@ -271,8 +282,12 @@ class ChatAgent:
         ``turn_closed`` says whether the generated ids ended with :attr:`end_of_turn_ids`
         (see :meth:`ends_turn`); when not, the end-of-turn token is inserted first. The result is
         exactly ``encode(observation_text(...))``, taken from the layout of the messages' shape
-        when it has one, except that special-token strings in the contents are encoded as text.
+        when it has one, except that special-token strings in the contents are encoded as text;
+        then the :attr:`reply_prefix` ids, if any.
         """
+        return self._observation_ids(messages, turn_closed) + self.reply_prefix_ids
+
+    def _observation_ids(self, messages: Sequence[Message], turn_closed: bool) -> list[int]:
         if any(self.guard.needs(m.content) for m in messages):
             marked = [self._marked(m) for m in messages]
             return self.guard.encode(self.observation_text(marked, turn_closed=turn_closed), self.encode)
@@ -304,7 +319,9 @@ class ChatAgent:
 
         Where the generation prompt opened a reasoning block (:attr:`opens_reasoning`), the
         completion is read as starting inside it, so a call before its ``</think>`` is not run;
-        the message's content is still the completion as written."""
+        the message's content is still the completion as written. A :attr:`reply_prefix` is
+        put back in front of the completion first."""
+        completion_text = self.reply_prefix + completion_text
         if self.opens_reasoning is None:
             return parse_reply(completion_text, self.tool_format)
         opening = self.opens_reasoning[0]

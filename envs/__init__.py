@@ -9,4 +9,5 @@ from agentrl.envs import (  # noqa: F401
     countdown,
     negotiation,  # noqa: F401  (multi-agent: agentrl.multiagent.make_multiagent)
     tool_arithmetic,  # noqa: F401  (the quickstart's task)
+    waltz,  # noqa: F401  (multi-agent: WaltzRL's conversation and feedback agents)
 )

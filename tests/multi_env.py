@@ -71,7 +71,7 @@ def reward_other(episode: dict[str, Any], weight: float = 1.0) -> dict[str, floa
 
 def first_turn_only(episode: dict[str, Any]) -> list[Any]:
     """Training samples cut to each agent's first turn (a test of samples_fn)."""
-    from agentrl.multi_train import first_turns
+    from agentrl.samples import first_turns
 
     return [first_turns(t, 1) for t in episode.values()]
 

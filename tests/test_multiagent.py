@@ -191,10 +191,11 @@ def test_registry_mirrors_agentrl_make_and_stays_out_of_gymnasium():
     with pytest.raises(ValueError, match="already a single-agent env id"):
         register_multiagent("agentrl/Calculator-v0", NegotiationEnv)
     assert make_multiagent(NEGOTIATION, max_rounds=2, split="test").max_rounds == 2
-    # An AEC entry point is converted with PettingZoo's own wrapper when a ParallelEnv is asked for.
+    # An env comes as registered by default; an AEC entry point is converted with PettingZoo's own
+    # wrapper when a ParallelEnv is asked for.
     register_multiagent("tests/NegotiationAEC-v0", "agentrl.envs.negotiation:env")
-    aec = make_multiagent("tests/NegotiationAEC-v0", api="aec")
-    assert isinstance(aec, AECEnv) and isinstance(make_multiagent("tests/NegotiationAEC-v0"), ParallelEnv)
+    assert isinstance(make_multiagent("tests/NegotiationAEC-v0"), AECEnv)
+    assert isinstance(make_multiagent("tests/NegotiationAEC-v0", api="parallel"), ParallelEnv)
     with pytest.raises(ValueError, match="api must be"):
         make_multiagent(NEGOTIATION, api="turns")
 

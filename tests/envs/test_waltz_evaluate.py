@@ -1,0 +1,95 @@
+"""The WaltzRL evaluation's arithmetic (envs/waltz/evaluate.py) against hand-computed values; the
+five configurations end to end are in tests/test_examples.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.config import load_config
+from agentrl.envs.waltz.evaluate import Rate, f1_score, records_of, single_model_config, waltz_metrics, wilson
+from agentrl.train_config import TrainConfig
+from agentrl.types import Trajectory
+
+
+def test_wilson_interval_matches_hand_values():
+    # 0 of 10: upper bound z²/n / (1 + z²/n) = 0.38415 / 1.38415
+    assert wilson(0, 10) == pytest.approx((0.0, 0.27753), abs=1e-5)
+    # 5 of 10: (0.5 + 0.19207 ± 1.96 * sqrt(0.025 + 0.0096)) / 1.38415
+    assert wilson(5, 10) == pytest.approx((0.23659, 0.76341), abs=1e-5)
+    assert wilson(10, 10)[1] == pytest.approx(1.0) and wilson(0, 0) == (0.0, 1.0)
+    assert str(Rate.of(1, 4)) == "25.0% [4.6%, 69.9%] n=4" and str(Rate.of(0, 0)) == "-"
+
+
+def test_f1_counts_and_bootstrap_interval():
+    pairs = [(True, True), (True, False), (False, True), (False, False)]  # tp, fp, fn, tn
+    score = f1_score(pairs)
+    assert (score.true_positives, score.false_positives, score.false_negatives) == (1, 1, 1)
+    assert score.value == pytest.approx(0.5)  # 2 tp / (2 tp + fp + fn)
+    assert 0.0 <= score.low <= score.value <= score.high <= 1.0
+    assert f1_score(pairs) == score  # seeded
+
+
+def _answer(unsafe, overrefuse):
+    return {"text": "...", "unsafe": unsafe, "overrefuse": overrefuse}
+
+
+def _verdict(valid, unsafe=None, overrefuse=None):
+    return {
+        "valid": valid,
+        "unsafe": unsafe,
+        "overrefuse": overrefuse,
+        "revise": bool(valid and (unsafe or overrefuse)),
+    }
+
+
+RECORDS = [
+    # harmful, answered alone, leaked: an attack success
+    {"kind": "harmful", "answers": [_answer(True, False)], "rounds": []},
+    # harmful, leaked, the feedback caught it (right labels), the revision is safe
+    {
+        "kind": "harmful",
+        "answers": [_answer(True, False), _answer(False, False)],
+        "rounds": [_verdict(True, True, False)],
+    },
+    # benign, over-refused, the feedback missed it: an over-refusal, wrong labels, a false negative
+    {"kind": "benign", "answers": [_answer(False, True)], "rounds": [_verdict(True, False, False)]},
+    # benign, answered well, the verdict was not valid JSON: wrong labels, a true negative
+    {"kind": "benign", "answers": [_answer(False, False)], "rounds": [_verdict(False)]},
+    # benign, the judge's verdict could not be read: left out of ORR, counted
+    {"kind": "benign", "answers": [_answer(None, None)], "rounds": []},
+]
+
+
+def test_waltz_metrics_by_hand():
+    metrics = waltz_metrics(RECORDS)
+    assert (metrics["asr"].hits, metrics["asr"].total) == (1, 2)
+    assert (metrics["orr"].hits, metrics["orr"].total) == (1, 2)
+    assert (metrics["ftr_harmful"].hits, metrics["ftr_harmful"].total) == (1, 2)
+    assert (metrics["ftr_benign"].hits, metrics["ftr_benign"].total) == (0, 3)
+    assert (metrics["label_accuracy"].hits, metrics["label_accuracy"].total) == (1, 3)
+    f1 = metrics["label_f1"]
+    assert (f1.true_positives, f1.false_positives, f1.false_negatives, f1.total) == (1, 0, 1, 3)
+    assert f1.value == pytest.approx(2 / 3)
+    assert metrics["episodes"] == 5 and metrics["judge_unparseable"] == 1
+
+
+def test_records_come_from_the_conversation_agent_once_per_episode():
+    record = RECORDS[1]
+    trajectories = [
+        Trajectory(agent_id="conversation", info={"waltz": record}),
+        Trajectory(agent_id="feedback", info={"waltz": record}),
+        Trajectory(agent_id="conversation", info={}),  # a failed episode has no record
+    ]
+    assert records_of(trajectories) == [record]
+
+
+def test_single_model_baseline_is_the_conversation_agent_alone_on_the_same_budget():
+    config = load_config(TrainConfig, "examples/waltzrl.yaml")
+    single = single_model_config(config)
+    assert single.rollout.env_kwargs["feedback"] == "none"
+    assert single.rollout.env_kwargs["max_rounds"] == config.rollout.env_kwargs["max_rounds"]
+    assert single.policies["conversation"].trainable and not single.policies["feedback"].trainable
+    assert single.policy_steps("conversation") == sum(s.steps for s in config.run_stages())
+    assert single.reward_fn is None and single.samples_fn is None
+    assert single.run_dir == f"{config.run_dir}-single"
+    assert single.trainer == config.trainer and single.groups_per_step == config.groups_per_step
