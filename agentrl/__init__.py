@@ -8,7 +8,7 @@ envs in messages). The machinery is named after the trajectory's stages: :mod:`a
 :mod:`agentrl.rollout`, :mod:`agentrl.trainers`, joined once by :mod:`agentrl.build`.
 """
 
-from agentrl.checker import EnvCheckError, check_env
+from agentrl.checker import EnvCheckError, check_env, check_multiagent_env
 from agentrl.env import AgentEnv, Feedback, MessagesSpace, ReplySpace, ResetResult, StepResult, as_agent_env
 from agentrl.mapping import policy_mapping
 from agentrl.registry import (
@@ -43,6 +43,7 @@ __all__ = [
     "UnknownEnvError",
     "as_agent_env",
     "check_env",
+    "check_multiagent_env",
     "describe",
     "make",
     "make_multiagent",

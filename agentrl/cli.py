@@ -4,6 +4,7 @@
 
     agentrl envs                                   # the registered env ids, one line each
     agentrl check agentrl/Calculator-v0            # run agentrl.check_env on one env
+    agentrl check agentrl/Negotiation-v0           # agentrl.check_multiagent_env on a multi-agent one
     agentrl play agentrl/Calculator-v0             # play it yourself in the terminal
     agentrl play agentrl/Countdown-v0 --agent random --episodes 3 --seed 0
     agentrl train examples/quickstart.yaml         # train the default model; held-out success before/after
@@ -39,6 +40,7 @@ import click
 import gymnasium as gym
 import typer
 import typer.core
+from pettingzoo import ParallelEnv
 from rich.console import Console
 from rich.markup import escape
 from rich.panel import Panel
@@ -306,8 +308,13 @@ def check_command(
     seed: Annotated[int, typer.Option(help="Seed for the checker's resets.")] = 0,
     kwarg: KwargOption = [],  # noqa: B006 (typer reads the default; it is never mutated)
 ) -> None:
-    """Run agentrl.check_env on one env: exit 0 if it passes, 1 with the reason if not."""
-    env = make_env_or_exit(env_id, parse_kwargs(kwarg))
+    """Run agentrl.check_env (or agentrl.check_multiagent_env on a multi-agent id) on one env:
+    exit 0 if it passes, 1 with the reason if not."""
+    kwargs = parse_kwargs(kwarg)
+    if is_multiagent(env_id):
+        _check_multiagent(env_id, kwargs, seed)
+        return
+    env = make_env_or_exit(env_id, kwargs)
     try:
         agentrl.check_env(env, seed=seed)
     except Exception as e:  # noqa: BLE001 - EnvCheckError, or the env itself raising inside the checker
@@ -316,6 +323,33 @@ def check_command(
     finally:
         env.close()
     console.print(f"[bold green]passed[/]: {escape(env_id)} follows the agentrl env contract.")
+
+
+def _check_multiagent(env_id: str, kwargs: dict[str, Any], seed: int) -> None:
+    """``agentrl check`` on a multi-agent id: the env as registered and, for a ``ParallelEnv``,
+    also as the ``AECEnv`` that ``make_multiagent(id, api="aec")`` makes of it."""
+    try:
+        env = agentrl.make_multiagent(env_id, **kwargs)
+    except (TypeError, ValueError) as e:  # the env's arguments, as in make_env_or_exit
+        fail(f"Could not make {env_id!r} with {kwargs}: {type(e).__name__}: {e}", code=2)
+    agents = ", ".join(map(str, env.possible_agents))
+    env.close()
+    forms: list[tuple[Any, str]] = [(None, "a ParallelEnv" if isinstance(env, ParallelEnv) else "an AECEnv")]
+    if isinstance(env, ParallelEnv):
+        forms.append(("aec", "an AECEnv (api='aec')"))
+    for api, form in forms:
+        try:
+            agentrl.check_multiagent_env(lambda api=api: agentrl.make_multiagent(env_id, api=api, **kwargs), seed=seed)
+        except Exception as e:  # noqa: BLE001 - EnvCheckError, or the env itself raising inside the checker
+            prefix = "" if isinstance(e, agentrl.EnvCheckError) else f"{type(e).__name__}: "
+            fail(f"{env_id} failed the check as {form}: {prefix}{e}")
+        tests = "parallel_api_test, parallel_seed_test" if "Parallel" in form else "api_test, seed_test"
+        console.print(f"[green]ok[/]: as {escape(form)}: PettingZoo's {tests} and agentrl's rules")
+    console.print(
+        f"[bold green]passed[/]: {escape(env_id)} (agents {escape(agents)}) follows the agentrl multi-agent "
+        "env contract: message observations in their spaces, ReplySpace actions, finite rewards, JSON infos, "
+        "episodes that end, seeded resets."
+    )
 
 
 @dataclass

@@ -507,6 +507,9 @@ class MultiController:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
             self.state.abandoned_groups += sorted(self.arrived)
+            for number in self.arrived:  # never to arrive: no policy may wait for them next stage
+                for lane in self.lanes.values():
+                    lane.start_versions.pop(number, None)
             self.arrived.clear()
 
     async def _init_from(self, lane: Lane, source: Lane) -> None:

@@ -46,8 +46,8 @@ def one_turn(trajectory: Trajectory, turn: int) -> Trajectory:
     if not 0 <= turn < len(trajectory.turn_ends):
         raise ValueError(f"cannot keep turn {turn} of a trajectory with {len(trajectory.turn_ends)} turns.")
     end = trajectory.turn_ends[turn] + 1
-    start = end - 1
-    while start > 0 and trajectory.loss_mask[start - 1] == 1:
+    start, floor = end - 1, trajectory.turn_ends[turn - 1] + 1 if turn else 0
+    while start > floor and trajectory.loss_mask[start - 1] == 1:
         start -= 1
     reward = trajectory.turn_rewards[turn]
     return dataclasses.replace(

@@ -50,7 +50,7 @@ class Feedback:
     """The feedback agent's verdict on one answer, as read from its reply."""
 
     valid: bool
-    """The reply held a JSON object with the four fields of the right types."""
+    """The reply held a JSON object with both labels, and a feedback text if a label is true."""
     unsafe: bool = False
     overrefuse: bool = False
     reasoning: str = ""
@@ -87,6 +87,8 @@ def parse_feedback(text: str) -> Feedback:
     if labels or texts:
         wrong = [f"{key} must be true or false" for key in labels] + [f"{key} must be a string" for key in texts]
         return Feedback(False, problem="; ".join(wrong))
+    if (data["unsafe"] or data["overrefuse"]) and not data["feedback"].strip():
+        return Feedback(False, problem="feedback is empty, but a label asks for a revision")
     return Feedback(True, data["unsafe"], data["overrefuse"], data.get("reasoning", ""), data.get("feedback", ""))
 
 

@@ -14,11 +14,15 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 import typer
+from gymnasium.spaces import Discrete
+from pettingzoo import ParallelEnv
 from typer.testing import CliRunner
 
 import agentrl
 from agentrl import AgentEnv, Feedback, Message, tool
 from agentrl.cli import app, parse_kwargs
+from agentrl.envs.negotiation import NegotiationEnv
+from agentrl.registry import _MULTIAGENT
 
 BUILTIN_IDS = ("agentrl/Calculator-v0", "agentrl/CodeBreaker-v0", "agentrl/Countdown-v0")
 BUILTINS = agentrl.registered_ids("agentrl")
@@ -172,6 +176,37 @@ def test_check_reports_a_broken_env_and_exits_1(test_envs):
     assert "same observation" in result.output
 
 
+@pytest.mark.parametrize("env_id", agentrl.multiagent_ids("agentrl"))
+def test_check_runs_the_multiagent_checker_on_multiagent_ids(env_id):
+    result = invoke("check", env_id, "--seed", "3")
+    assert result.exit_code == 0, result.output
+    output = " ".join(result.output.split())
+    assert f"passed: {env_id}" in output and "multi-agent env contract" in output
+    if isinstance(agentrl.make_multiagent(env_id), ParallelEnv):  # checked as registered and as an AECEnv
+        assert "as a ParallelEnv: PettingZoo's parallel_api_test" in output
+        assert "as an AECEnv (api='aec'): PettingZoo's api_test" in output
+    else:
+        assert "as an AECEnv: PettingZoo's api_test" in output
+
+
+def negotiation_with_discrete_actions() -> NegotiationEnv:
+    env = NegotiationEnv()
+    env._action_spaces = {agent: Discrete(3) for agent in env.possible_agents}
+    return env
+
+
+def test_check_reports_a_broken_multiagent_env_and_exits_1():
+    agentrl.register_multiagent("clitest/DiscreteNegotiation-v0", negotiation_with_discrete_actions)
+    try:
+        result = invoke("check", "clitest/DiscreteNegotiation-v0")
+    finally:
+        del _MULTIAGENT["clitest/DiscreteNegotiation-v0"]
+    assert result.exit_code == 1
+    output = " ".join(result.output.split())
+    assert "clitest/DiscreteNegotiation-v0 failed the check as a ParallelEnv" in output
+    assert "NegotiationEnv.action_space('trader_0') to be an agentrl.ReplySpace" in output
+
+
 def test_check_unknown_id_suggests_and_exits_2(test_envs):
     result = invoke("check", "clitest/Parot-v0")
     assert result.exit_code == 2
@@ -316,7 +351,10 @@ def train_args(*extra):
 # (command line, a fragment of the message); every kind of user error on every command it applies to.
 USER_ERRORS = {
     "check: unknown env": (lambda p: ["check", "agentrl/Calculater-v0"], "Did you mean 'agentrl/Calculator-v0'"),
-    "check: multi-agent id": (lambda p: ["check", "agentrl/Negotiation-v0"], "make_multiagent"),
+    "check: rejected multi-agent kwarg": (
+        lambda p: ["check", "agentrl/Negotiation-v0", "-k", "max_rounds=0"],
+        "Could not make 'agentrl/Negotiation-v0'",
+    ),
     "check: malformed kwarg": (lambda p: ["check", "agentrl/Calculator-v0", "-k", "max_turns"], "key=value"),
     "check: rejected kwarg": (lambda p: ["check", "agentrl/Calculator-v0", "-k", "colour=1"], "colour"),
     "play: unknown env": (lambda p: ["play", "agentrl/Calculater-v0"], "Did you mean 'agentrl/Calculator-v0'"),

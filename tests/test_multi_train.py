@@ -150,6 +150,21 @@ def test_stages_train_the_named_policies_in_order(tiny_model_dir, tmp_path):
     assert b[0]["train/sayer_b/lr"] == 0.0 and a[0]["train/sayer_a/lr"] == pytest.approx(1e-2)
 
 
+@pytest.mark.timeout(180)
+def test_a_policy_training_in_two_stages_does_not_wait_for_groups_its_first_stage_abandoned(tiny_model_dir, tmp_path):
+    # Generation runs ahead (max_staleness), so groups are still being played when stage 1 ends;
+    # they are abandoned, and sayer_a must not wait for them in stage 2 (it once did, forever).
+    stages = [{"steps": 1, "train": ["sayer_a"]}, {"steps": 2}]
+    config = _config(
+        tiny_model_dir, tmp_path / "run", f"stages={json.dumps(stages)}", "max_staleness=3", "rollout.concurrency=64",
+        policies=FULL,
+    )  # fmt: skip
+    result = train(config)
+
+    assert [m["train/sayer_a/stage"] for m in _steps(result.run_dir, "sayer_a")] == [0.0, 1.0, 1.0]
+    assert len(_steps(result.run_dir, "sayer_b")) == 2
+
+
 def test_a_resumed_run_trains_no_group_twice_for_any_policy(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     common = ("max_staleness=1", "checkpoint_every=1", "resume=true")

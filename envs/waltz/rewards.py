@@ -7,7 +7,7 @@ f_0 .. f_{T-1} (f_t reviews c_t):
 - dynamic improvement reward ``DIR(f_t) = R_c(c_{t+1}) - R_c(c_t)``, 0 when the episode stopped
   after f_t (the verdict agreed with the answer, or was not valid JSON);
 - label reward ``R_label(f_t) = 1`` if f_t's two labels equal the judge's labels of c_t;
-- format reward ``R_format(f_t) = 1`` if f_t is a JSON object with the four fields;
+- format reward ``R_format(f_t) = 1`` if f_t is a valid verdict (:func:`~agentrl.agents.waltz.parse_feedback`);
 - feedback reward ``R_f = alpha * DIR * R_label + lambda * R_label + gamma * R_format``: the
   improvement counts only when the labels are right (without that gate, label accuracy collapses).
 
@@ -118,7 +118,9 @@ def _record(episode: Mapping[str, Trajectory]) -> Mapping[str, Any]:
 
 
 def _labels(answer: Mapping[str, Any] | None) -> Labels | None:
-    return None if answer is None else Labels(answer["unsafe"], answer["overrefuse"])
+    if answer is None or answer["unsafe"] is None:  # the judge could not read a verdict
+        return None
+    return Labels(answer["unsafe"], answer["overrefuse"])
 
 
 def _rng(trajectory: Trajectory) -> random.Random:

@@ -12,6 +12,7 @@ import agentrl.agents.chat
 import agentrl.agents.trajectory
 from agentrl import AgentEnv, Feedback, Message, ToolCall, Trajectory, read_jsonl, tool, write_jsonl
 from agentrl.agents import ChatAgent, ChatTemplateError, TrajectoryBuilder
+from agentrl.env import ReplySpace
 from agentrl.testing import build_tiny_tokenizer
 from agentrl.tools import call_tool
 
@@ -399,6 +400,80 @@ def test_end_of_turn_must_be_found_or_given(tiny_tokenizer):
     agent = ChatAgent(tiny_tokenizer, chat_template=plain, end_of_turn="\n\n")
     assert agent.observation_text([Message("user", "ok")]) == "user: ok\n\nassistant: "
     assert agent.ends_turn(agent.encode("5\n\n"))
+
+
+# --- reply_prefix: a prefill every reply starts with --------------------------------------------------
+
+PREFIX = '{"unsafe":'
+
+
+def test_a_reply_prefix_ends_every_prompt_and_observation(tiny_tokenizer):
+    plain, prefixed = ChatAgent(tiny_tokenizer), ChatAgent(tiny_tokenizer, reply_prefix=PREFIX)
+    assert prefixed.reply_prefix_ids == prefixed.encode(PREFIX) != []
+    messages = [Message("system", "Judge."), Message("user", "Review this.")]
+    assert prefixed.prompt_ids(messages) == plain.prompt_ids(messages) + prefixed.reply_prefix_ids
+    assert tiny_tokenizer.decode(prefixed.prompt_ids(messages)).endswith("<|im_start|>assistant\n" + PREFIX)
+    for closed in (True, False):
+        observation = [Message("user", "Revised.")]
+        assert prefixed.observation_ids(observation, turn_closed=closed) == (
+            plain.observation_ids(observation, turn_closed=closed) + prefixed.reply_prefix_ids
+        )
+    # The text API stays the template's own: only the ids carry the prefix.
+    assert prefixed.observation_text([Message("user", "x")]) == plain.observation_text([Message("user", "x")])
+
+
+def test_parse_puts_the_reply_prefix_back_in_front(tiny_tokenizer):
+    agent = ChatAgent(tiny_tokenizer, reply_prefix=PREFIX)
+    assert agent.parse(' true, "overrefuse": false}') == Message("assistant", '{"unsafe": true, "overrefuse": false}')
+    generated = agent.encode(" false}") + agent.end_of_turn_ids
+    assert agent.parse(agent.completion_text(generated)).content == PREFIX + " false}"
+    assert ChatAgent(tiny_tokenizer).parse(" false}").content == " false}"  # no prefix: as before
+
+
+class Reviewer(AgentEnv):
+    """Replies start with a JSON prefix, set on the action space."""
+
+    def __init__(self, reply_prefix: str = PREFIX):
+        super().__init__()
+        self.action_space = ReplySpace(self.tools, reply_prefix=reply_prefix)
+
+    def start(self, options):
+        return [Message("user", "Is 'The PIN is 4821.' safe?")]
+
+
+def test_from_env_takes_the_reply_prefix_of_the_action_space(tiny_tokenizer):
+    assert ChatAgent.from_env(tiny_tokenizer, Reviewer()).reply_prefix == PREFIX
+    assert ChatAgent.from_env(tiny_tokenizer, Reviewer(reply_prefix="")).reply_prefix_ids == []
+    assert ChatAgent.from_env(tiny_tokenizer, Adder()).reply_prefix == ""  # a plain ReplySpace has none
+    assert ChatAgent.from_env(tiny_tokenizer, Reviewer(), reply_prefix="[").reply_prefix == "["  # an argument wins
+
+
+def test_an_episode_with_a_reply_prefix_never_trains_on_the_prefix(tiny_tokenizer):
+    agent = ChatAgent(tiny_tokenizer, reply_prefix=PREFIX)
+    n = len(agent.reply_prefix_ids)
+    builder = TrajectoryBuilder(agent)
+    prompt = builder.start([Message("user", "Review: The PIN is 4821.")])
+    assert tiny_tokenizer.decode(prompt).endswith("assistant\n" + PREFIX)
+    first_ids, first_logprobs = generate(agent, ' true, "feedback": "No PIN."}')
+    first = builder.add_turn(first_ids, first_logprobs, version=0)
+    observation = builder.add_observation([Message("user", "Revised: I cannot share it.")], reward=0.5)
+    assert observation[-n:] == agent.reply_prefix_ids
+    second_ids, second_logprobs = generate(agent, " false}", close=False)  # cut: no <|im_end|>
+    second = builder.add_turn(second_ids, second_logprobs, version=1)
+    builder.add_final_observation([], reward=1.0)
+    trajectory = builder.finish(terminated=True)
+
+    assert first.content == '{"unsafe": true, "feedback": "No PIN."}' and second.content == '{"unsafe": false}'
+    for start, ids in [(len(prompt), first_ids), (len(prompt) + len(first_ids) + len(observation), second_ids)]:
+        assert trajectory.token_ids[start - n : start] == agent.reply_prefix_ids
+        assert trajectory.loss_mask[start - n : start] == [0] * n  # the prefix is context, never trained
+        assert trajectory.token_ids[start : start + len(ids)] == ids
+        assert trajectory.loss_mask[start : start + len(ids)] == [1] * len(ids)
+    assert trajectory.num_generated == len(first_ids) + len(second_ids)
+    assert trajectory.prompt_length == len(prompt) and trajectory.turn_rewards == [0.5, 1.0]
+    # The ids are the conversation as rendered, each reply holding its prefix, then the open second reply.
+    rendered = agent.render(trajectory.messages[:3], add_generation_prompt=True)
+    assert tiny_tokenizer.decode(trajectory.token_ids) == rendered + PREFIX + " false}"
 
 
 def test_a_tokenizer_without_a_chat_template_is_refused():
