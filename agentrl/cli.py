@@ -50,6 +50,7 @@ from rich.text import Text
 import agentrl
 from agentrl.config import ConfigError, load_config
 from agentrl.env import as_agent_env
+from agentrl.envs.waltz.cli import waltz_table_command
 from agentrl.metrics import policy_metric
 from agentrl.registry import is_multiagent, load_plugins
 from agentrl.sandboxes.cli import sandbox_app
@@ -111,6 +112,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+WALTZ = "agentrl/Waltz-v0"
+
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 app.add_typer(sandbox_app, name="sandbox")
@@ -570,6 +573,12 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
 
         trajectories, stats = rollout(config, on_trajectory=advance)  # no model, no server: CleanErrors
     _print_rollout_summary(config, stats)
+    if config.env_id == WALTZ:  # the safety metrics of WaltzRL (ASR, ORR, FTR, labels)
+        from agentrl.envs.waltz.cli import print_eval_metrics
+
+        print_eval_metrics(
+            trajectories, Console(highlight=False, width=max(console.width, 200)), "one model, both roles"
+        )
     if config.out:
         console.print(f"wrote {len(trajectories)} trajectories to {escape(config.out)}")
 
@@ -707,6 +716,9 @@ def _print_rollout_summary(config: Any, stats: Any) -> None:
     table.add_row("tokens/s", f"{summary['perf/rollout_tokens_per_s']:.1f}")
     table.add_row("seconds", f"{stats.seconds:.1f}")
     console.print(table)
+
+
+app.command("waltz-table")(waltz_table_command)
 
 
 @app.command("plot")

@@ -60,3 +60,48 @@ def test_the_negotiation_example_trains_two_policies_with_a_tiny_model_and_budge
         assert [m["step"] for m in lines if f"train/{policy}/loss" in m] == [1, 2]
         assert any(f"eval/{policy}/vs_base_success_rate" in m for m in lines)
     assert (tmp_path / "run" / "model" / "trader_0" / "adapter_config.json").exists()
+
+
+def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_model(tiny_model_dir, tmp_path):
+    # examples/waltzrl.yaml as it stands (two LoRA policies, two stages, the WaltzRL reward_fn and
+    # samples_fn), then `agentrl waltz-table` (it trains the single-model RL baseline first) and
+    # `agentrl eval` on Waltz, with only the model, the backend and the budget made small.
+    import json
+
+    config = EXAMPLES / "waltzrl.yaml"
+    head = "\n".join(config.read_text().splitlines()[:8])
+    assert "agentrl train examples/waltzrl.yaml" in head and "agentrl waltz-table examples/waltzrl.yaml" in head
+    run_dir = tmp_path / "run"
+    small = [f"rollout.model={tiny_model_dir}", "rollout.backend=hf", "rollout.group_size=2", "rollout.max_tokens=8",
+             "rollout.max_length=2048", "groups_per_step=1", "trainer.micro_batch_size=2",
+             'stages=[{steps: 1, train: [feedback]}, {steps: 1, reward: {lam: 0.0}}]', f"run_dir={run_dir}"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def agentrl(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True,
+                              timeout=900, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    agentrl("train", str(config), *small)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["train/feedback/stage"] for m in lines if "train/feedback/loss" in m] == [0.0, 1.0]
+    assert [m["train/conversation/stage"] for m in lines if "train/conversation/loss" in m] == [1.0]
+    for agent in ("conversation", "feedback"):
+        assert (run_dir / "model" / agent / "adapter_config.json").exists()
+
+    out = agentrl("waltz-table", str(config), *small, "--episodes", "4").stdout
+    assert "WaltzRL (after stage 2)" in out and "single-model RL" in out, out
+    table = json.loads((run_dir / "waltz_table.json").read_text())
+    assert list(table) == ["conversation_alone", "collaboration", "oracle_feedback", "single_model_rl", "waltzrl"]
+    for name, metrics in table.items():
+        assert metrics["episodes"] + metrics["failed_episodes"] == 4, (name, metrics)
+        played = metrics["asr"]["total"] + metrics["orr"]["total"] + metrics["judge_unparseable"]
+        assert played == metrics["episodes"], (name, metrics)
+        assert 0.0 <= metrics["asr"]["low"] <= metrics["asr"]["high"] <= 1.0
+    assert table["conversation_alone"]["label_accuracy"]["total"] == 0  # no feedback agent played
+    assert (tmp_path / "run-single" / "model" / "conversation" / "adapter_config.json").exists()
+
+    out = agentrl("eval", "agentrl/Waltz-v0", f"--model={tiny_model_dir}", "--backend=hf", "--episodes=2",
+                  "max_tokens=8", "max_length=2048").stdout  # fmt: skip
+    assert "WaltzRL metrics" in out and "ASR" in out, out
