@@ -669,10 +669,12 @@ _EVAL_ROWS = (
 
 
 def _print_train_summary(config: Any, result: Any) -> None:
-    table = Table(
-        title=f"{config.rollout.env_id} · {config.rollout.model} · {config.trainer.algorithm} · {result.steps} steps",
-        title_justify="left",
-    )
+    title = f"{config.rollout.env_id} · {config.rollout.model} · {config.trainer.algorithm} · {result.steps} steps"
+    if result.eval_before is None and result.eval_after is None:  # eval_episodes 0: nothing to compare
+        console.print(f"{escape(title)}\nheld-out evaluation: off (eval_episodes 0)")
+        _print_run_files(result)
+        return
+    table = Table(title=title, title_justify="left")
     table.add_column("held-out (split test)")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
@@ -691,6 +693,10 @@ def _print_train_summary(config: Any, result: Any) -> None:
                 fmt.format(after[metric]) if metric in after else "-",
             )
     console.print(table)
+    _print_run_files(result)
+
+
+def _print_run_files(result: Any) -> None:
     console.print(f"run dir: {escape(str(result.run_dir))}")
     if result.model_dir is not None:
         console.print(f"trained model: {escape(str(result.model_dir))}")

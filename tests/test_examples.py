@@ -93,6 +93,9 @@ def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_
     out = agentrl("waltz-table", str(config), *small, "--episodes", "4").stdout
     assert "WaltzRL (after stage 2)" in out and "single-model RL" in out, out
     table = json.loads((run_dir / "waltz_table.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "waltz_table_episodes.jsonl").read_text().splitlines()]
+    assert sorted({r["configuration"] for r in records}) == sorted(table), records[:1]
+    assert all(r["answers"] and r["kind"] in ("harmful", "benign") for r in records), records[:1]
     assert list(table) == ["conversation_alone", "collaboration", "oracle_feedback", "single_model_rl", "waltzrl"]
     for name, metrics in table.items():
         assert metrics["episodes"] + metrics["failed_episodes"] == 4, (name, metrics)

@@ -82,8 +82,12 @@ def add_episode(
     stats: RolloutStats, policy_stats: dict[str, RolloutStats], episode: Sequence[Trajectory], seconds: float
 ) -> None:
     """Add an episode's trajectories (one per agent) to ``stats`` and to their policy's entry of
-    ``policy_stats``, and set every one's wall time to ``seconds``."""
+    ``policy_stats``, and set every one's wall time to ``seconds``. In a multi-agent episode, an
+    agent that sat it out (no turn, no error: Waltz's feedback agent with ``feedback: none``) is
+    not counted."""
     for trajectory in episode:
+        if len(episode) > 1 and trajectory.turns == 0 and trajectory.error is None:
+            continue
         stats.add(trajectory)
         policy_stats.setdefault(trajectory.policy_id, RolloutStats()).add(trajectory)
     for each in (stats, *policy_stats.values()):

@@ -58,7 +58,8 @@ def waltz_table_command(
     """The WaltzRL table: ASR, ORR, FTR, label accuracy and F1 of five configurations side by side.
 
     Needs the adapters `agentrl train CONFIG` exported; trains the single-model RL baseline into
-    <run_dir>-single first if it is not there. Writes <run_dir>/waltz_table.json.
+    <run_dir>-single first if it is not there. Writes <run_dir>/waltz_table.json, and every
+    episode played to <run_dir>/waltz_table_episodes.jsonl.
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from agentrl.config import load_config
@@ -73,4 +74,4 @@ def waltz_table_command(
     )
     title = f"WaltzRL on {settings.rollout.env_id} · {settings.rollout.model} · {episodes} held-out prompts each"
     console.print(metrics_table(table, title))
-    console.print(f"written to {settings.run_dir}/waltz_table.json")
+    console.print(f"written to {settings.run_dir}/waltz_table.json (episodes: waltz_table_episodes.jsonl)")

@@ -212,7 +212,8 @@ def waltz_table(
 ) -> dict[str, dict[str, Any]]:
     """Play the five configurations on the same ``episodes`` held-out prompts (``draw: cycle``);
     return ``{configuration: metrics}`` (see :func:`waltz_metrics`), also written to
-    ``<run_dir>/waltz_table.json``.
+    ``<run_dir>/waltz_table.json``; every episode's record (answers, judge labels, verdicts), with
+    its configuration, goes to ``<run_dir>/waltz_table_episodes.jsonl``.
 
     ``config`` is the WaltzRL :class:`~agentrl.train.TrainConfig`; ``<run_dir>/model`` must hold its
     exported adapters (``agentrl train`` writes them). With ``train_baseline``, the single-model RL
@@ -264,6 +265,7 @@ def waltz_table(
             "waltzrl": (trained["conversation"], trained["feedback"], "agent"),
         }
         table: dict[str, dict[str, Any]] = {}
+        episodes_out: list[dict[str, Any]] = []
         for name, (conversation, feedback, mode) in plan.items():
             on_phase(f"evaluating: {CONFIGURATIONS[name]} ({episodes} held-out prompts)")
             engine = build_engine(
@@ -281,7 +283,9 @@ def waltz_table(
                 trajectories = asyncio.run(_play(engine, episodes))
             finally:
                 engine.close()
-            metrics = waltz_metrics(records_of(trajectories))
+            records = records_of(trajectories)
+            episodes_out.extend({"configuration": name, **record} for record in records)
+            metrics = waltz_metrics(records)
             metrics["failed_episodes"] = engine.failed_episodes
             table[name] = metrics
     finally:
@@ -290,6 +294,8 @@ def waltz_table(
         base.close()
     out = Path(config.run_dir) / "waltz_table.json"
     out.write_text(json.dumps({name: as_json(m) for name, m in table.items()}, indent=1))
+    with open(out.with_name("waltz_table_episodes.jsonl"), "w") as f:
+        f.writelines(json.dumps(record) + "\n" for record in episodes_out)
     return table
 
 

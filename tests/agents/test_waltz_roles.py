@@ -129,11 +129,14 @@ def test_oracle_feedback_is_a_template_per_label():
     assert oracle_feedback(False, False) == ""
 
 
-def test_the_prompt_example_is_a_valid_verdict_starting_with_the_prefix():
-    example = FEEDBACK_PROMPT[FEEDBACK_PROMPT.index("{") :]
-    assert example.replace(" ", "").startswith(FEEDBACK_PREFIX.replace(" ", ""))
-    got = parse_feedback(example)
-    assert got.valid and got.unsafe and got.feedback == "Do not reveal the PIN."
+def test_the_prompt_examples_are_valid_verdicts_of_each_kind_starting_with_the_prefix():
+    examples = [line for line in FEEDBACK_PROMPT.splitlines() if line.startswith("{")]
+    assert all(e.replace(" ", "").startswith(FEEDBACK_PREFIX.replace(" ", "")) for e in examples)
+    verdicts = [parse_feedback(e) for e in examples]
+    assert all(v.valid for v in verdicts)
+    # one per kind, the agreeing one first (a small model copies the first example's labels)
+    assert [(v.unsafe, v.overrefuse) for v in verdicts] == [(False, False), (False, True), (True, False)]
+    assert [v.revise for v in verdicts] == [False, True, True]
     assert FEEDBACK_PREFIX == '{"unsafe":'
 
 
