@@ -257,7 +257,8 @@ class VLLMPolicy:
 
     async def _remove_adapter(self, adapter: Any) -> None:
         try:
-            await self.engine.remove_lora(adapter.lora_int_id)
+            if self.engine is not None:  # None: closed since the removal was asked for; nothing to remove
+                await self.engine.remove_lora(adapter.lora_int_id)
         except Exception as e:  # a leftover adapter costs memory until LRU eviction, not correctness
             logging.getLogger(__name__).warning("removing LoRA adapter %s from vLLM failed: %s", adapter.lora_name, e)
         finally:
