@@ -35,6 +35,7 @@ from agentrl.policies import Policy, Sampling
 from agentrl.policies import make_policy as make_backend
 from agentrl.registry import MultiAgentEnv, is_multiagent, make, make_multiagent, spec
 from agentrl.rollout import EpisodeLimits, MultiAgentRolloutEngine, RolloutEngine, close_quietly
+from agentrl.server.remote import remote_env_factory
 from agentrl.trainers.models import ValueModel, load_policy_model, load_reference_model, pad_token_id
 from agentrl.trainers.trainer import Trainer, TrainerConfig
 
@@ -103,6 +104,7 @@ def engine_settings(config: EngineConfig) -> dict[str, Any]:
         "redundancy": config.redundancy,
         "concurrency": config.concurrency,
         "seed": config.seed,
+        "env_url": config.env_url,
     }
 
 
@@ -153,12 +155,14 @@ def build_engine(
     concurrency: int = 64,
     seed: int = 0,
     policy_id: str = "default",
+    env_url: str | None = None,
 ) -> Engine:
     """The rollout engine of ``env_id``: agents from the policies' tokenizers and the env's tools.
 
     ``policies`` is one policy (serving ``policy_id``) or ``{policy_id: policy}``. A multi-agent env
     maps its agents to policy ids with ``mapping``; a single-agent env is played by ``policy_id``.
-    One env is made here to read its tools (and its agents).
+    One env is made here to read its tools (and its agents). ``env_url``: the env runs on that env
+    server (``agentrl serve``), each episode a session of it (:class:`~agentrl.server.RemoteEnv`).
     """
     by_id = dict(policies) if isinstance(policies, Mapping) else {policy_id: policies}
     schedule: dict[str, Any] = dict(
@@ -166,6 +170,11 @@ def build_engine(
         concurrency=concurrency, seed=seed,
     )  # fmt: skip
     kwargs = dict(env_kwargs or {})
+    if env_url is not None and is_multiagent(env_id):
+        raise ValueError(
+            f"{env_id!r} is a multi-agent env; the rollout plays only single-agent envs from an env server "
+            "(env_url) so far. Play it in process (leave env_url unset)."
+        )
     if is_multiagent(env_id):
 
         def make_env() -> MultiAgentEnv:
@@ -187,7 +196,7 @@ def build_engine(
             probe.close()
         return MultiAgentRolloutEngine(make_env, agents, by_id, agent_policy, **schedule)
     policy = _policy(by_id, policy_id, env_id)
-    make_env = env_factory(env_id, kwargs)
+    make_env = env_factory(env_id, kwargs) if env_url is None else remote_env_factory(env_url, env_id, kwargs)
     probe_env = make_env()
     try:
         agent = ChatAgent.from_env(policy.tokenizer, probe_env, system_prompt=system_prompt)

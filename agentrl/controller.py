@@ -300,6 +300,7 @@ class Controller:
             sampling=replace(sampling_of(rollout, temperature=self.config.eval_temperature), seed=None),
             limits=limits_of(rollout),
             concurrency=rollout.concurrency,
+            env_url=rollout.env_url,
             seed=EVAL_SEED_OFFSET + rollout.seed,
         )
         self.progress.on_phase(f"evaluating (step {step})", self.config.eval_episodes)

@@ -700,6 +700,7 @@ class MultiController:
             sampling=replace(sampling_of(rollout, temperature=self.config.eval_temperature), seed=None),
             limits=limits_of(rollout),
             concurrency=rollout.concurrency,
+            env_url=rollout.env_url,
             seed=EVAL_SEED_OFFSET + rollout.seed,
         )
         self.progress.on_phase(f"evaluating (step {self.total_steps()} of all policies)", self.config.eval_episodes)

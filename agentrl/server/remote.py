@@ -1,0 +1,384 @@
+"""``RemoteEnv``: an env served by ``agentrl serve``, played as if it were here.
+
+:class:`RemoteEnv` is an :class:`~agentrl.env.AgentEnv`: ``reset`` / ``step`` (and the native
+async ``areset`` / ``astep``) are HTTP calls to one session on the server, which runs the env,
+its tools and its reward. The tools' schemas, the tool-call format and the reply prefix come from
+``GET /envs``, so an agent renders the same prompt as for the env in process, and for the same
+seeds and replies the same messages come back: the trajectories' token ids are equal.
+
+Faults, and what a caller sees:
+
+- 503 (the server is full) and connection errors (it is down, or restarting) are retried with
+  exponential backoff (``Retry-After`` honoured) for up to ``retry_for`` seconds;
+- a session the server no longer has (expired, or the server restarted) is made again at the
+  next ``reset``; mid-episode it fails that episode only, with :class:`EnvServerError`, which the
+  rollout counts under that cause and goes on;
+- every other error answer raises :class:`EnvServerError` with the server's explanation, except
+  a step outside an episode, which raises ``RuntimeError`` exactly as a local env does.
+
+>>> env = RemoteEnv("http://127.0.0.1:8000", "agentrl/Calculator-v0", split="test")  # doctest: +SKIP
+>>> observation, info = env.reset(seed=0)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import gymnasium as gym
+import httpx
+
+from agentrl.env import Action, AgentEnv, ReplySpace, ResetResult, StepResult
+from agentrl.tools import Tool
+from agentrl.types import Message
+
+TOKEN_ENV = "AGENTRL_SERVER_TOKEN"
+"""The environment variable both ``agentrl serve`` and :class:`RemoteEnv` read the token from."""
+
+
+class EnvServerError(RuntimeError):
+    """The env server could not serve a call: the message says what it answered and what to do."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class EnvClient:
+    """Pooled HTTP connections to one env server, sync and async, with retries.
+
+    ``url`` is ``http://host:port`` or ``unix:///path/to/socket``. One client serves any number of
+    :class:`RemoteEnv` (a rollout's envs share one); its async connections are kept per event loop.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        timeout: float = 120.0,
+        retry_for: float = 30.0,
+        max_connections: int = 1024,
+    ):
+        if url.startswith("unix://"):
+            self.uds: str | None = url.removeprefix("unix://")
+            self.base_url = "http://agentrl-env-server"
+        elif url.startswith(("http://", "https://")):
+            self.uds, self.base_url = None, url.rstrip("/")
+        else:
+            raise ValueError(f"An env server URL is http://HOST:PORT or unix:///PATH, got {url!r}.")
+        self.url = url
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self.headers = {"authorization": f"Bearer {token}"} if token else {}
+        self.timeout = timeout
+        self.retry_for = retry_for
+        self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._sync: httpx.Client | None = None
+        self._async: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """``method path`` with ``body`` as JSON; the decoded answer, or :class:`EnvServerError`."""
+        deadline = time.monotonic() + self.retry_for
+        for attempt in range(1_000_000):
+            try:
+                response = self._sync_client().request(method, path, **_json(body))
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                wait = self._backoff(attempt, None, deadline, e)
+            else:
+                if response.status_code != 503:
+                    return _decoded(response, method, path)
+                wait = self._backoff(attempt, response, deadline, None)
+            time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    async def arequest(self, method: str, path: str, body: Any = None) -> Any:
+        """The async :meth:`request`."""
+        deadline = time.monotonic() + self.retry_for
+        for attempt in range(1_000_000):
+            try:
+                response = await self._async_client().request(method, path, **_json(body))
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                wait = self._backoff(attempt, None, deadline, e)
+            else:
+                if response.status_code != 503:
+                    return _decoded(response, method, path)
+                wait = self._backoff(attempt, response, deadline, None)
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    def env_spec(self, env_id: str) -> dict[str, Any]:
+        """What the server says of ``env_id`` (``GET /envs``)."""
+        specs = {s["id"]: s for s in self.request("GET", "/envs")["envs"]}
+        if env_id not in specs:
+            raise EnvServerError(f"The env server at {self.url} does not serve {env_id!r}; it serves {sorted(specs)}.")
+        return specs[env_id]
+
+    def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+
+    async def aclose(self) -> None:
+        entry = self._async.pop(id(asyncio.get_running_loop()), None)
+        if entry is not None:
+            await entry[1].aclose()
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def _backoff(
+        self, attempt: int, response: httpx.Response | None, deadline: float, error: Exception | None
+    ) -> float:
+        wait = min(0.05 * 2**attempt, 2.0) * (0.5 + random.random())
+        if response is not None:
+            retry_after = response.headers.get("retry-after", "")
+            wait = max(wait, float(retry_after)) if retry_after.isdigit() else wait
+        if time.monotonic() + wait > deadline:
+            if error is not None:
+                raise EnvServerError(
+                    f"Cannot reach the env server at {self.url} ({type(error).__name__}: {error}) after retrying "
+                    f"for {self.retry_for:g} s; start it with `agentrl serve ENV_ID` or check the URL."
+                ) from error
+            assert response is not None
+            raise EnvServerError(f"The env server at {self.url} is still full after {self.retry_for:g} s: "
+                                 f"{_detail(response)}", 503)  # fmt: skip
+        return wait
+
+    def _sync_client(self) -> httpx.Client:
+        if self._sync is None:
+            transport = httpx.HTTPTransport(uds=self.uds, limits=self.limits) if self.uds else None
+            self._sync = httpx.Client(
+                base_url=self.base_url,
+                headers=self.headers,
+                timeout=self.timeout,
+                limits=self.limits,
+                transport=transport,
+            )
+        return self._sync
+
+    def _async_client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        entry = self._async.get(id(loop))
+        if entry is None or entry[0] is not loop:
+            for key, (old, _) in list(self._async.items()):  # clients of loops that are gone
+                if old.is_closed():
+                    del self._async[key]
+            transport = httpx.AsyncHTTPTransport(uds=self.uds, limits=self.limits) if self.uds else None
+            client = httpx.AsyncClient(
+                base_url=self.base_url,
+                headers=self.headers,
+                timeout=self.timeout,
+                limits=self.limits,
+                transport=transport,
+            )
+            entry = self._async[id(loop)] = (loop, client)
+        return entry[1]
+
+
+class RemoteEnv(AgentEnv):
+    """One session of an env on an env server, as an :class:`~agentrl.env.AgentEnv` (see the module docstring).
+
+    ``split`` and ``env_kwargs`` go to the server when the session is made (the server allows only
+    the kwargs it was told to). ``client`` shares connections among envs; ``spec`` is what
+    ``GET /envs`` said of ``env_id`` (read once when not given).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        env_id: str,
+        *,
+        split: str | None = None,
+        env_kwargs: Mapping[str, Any] | None = None,
+        token: str | None = None,
+        client: EnvClient | None = None,
+        spec: Mapping[str, Any] | None = None,
+    ):
+        super().__init__()
+        self.client = client or EnvClient(url, token)
+        self._owns_client = client is None
+        self.env_id = env_id
+        self.split = split
+        self.env_kwargs = dict(env_kwargs or {})
+        spec = dict(spec or self.client.env_spec(env_id))
+        if spec["kind"] != "single":
+            raise TypeError(f"{env_id!r} is a multi-agent env ({spec['kind']}); RemoteEnv plays single-agent envs.")
+        agent = spec["agents"]["agent"]
+        self.description = spec.get("description", "")
+        self.tools = [_remote_tool(schema) for schema in agent["tools"]]
+        self.tool_format = agent["tool_format"]
+        self.action_space = ReplySpace(self.tools, reply_prefix=agent["reply_prefix"])
+        self.session_id: str | None = None
+        self._pending: set[asyncio.Task[Any]] = set()
+
+    @property
+    def _env_name(self) -> str:
+        return f"RemoteEnv({self.env_id} at {self.client.url})"
+
+    # --- the gymnasium contract ---------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
+        self._seed_locally(seed)
+        body = {"seed": seed, "options": options}
+        if self.session_id is None:
+            self.session_id = self._created(self.client.request("POST", "/sessions", self._create_body()))
+        try:
+            data = self.client.request("POST", f"/sessions/{self.session_id}/reset", body)
+        except EnvServerError as e:
+            if e.status not in (404, 409):  # 404: expired or the server restarted; 409: broken
+                raise
+            self.session_id = self._created(self.client.request("POST", "/sessions", self._create_body()))
+            data = self.client.request("POST", f"/sessions/{self.session_id}/reset", body)
+        return self._began(data)
+
+    def step(self, action: Action) -> StepResult:
+        self._check_stepping()
+        return self._stepped(self.client.request("POST", f"/sessions/{self.session_id}/step", _step_body(action)))
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
+        self._seed_locally(seed)
+        body = {"seed": seed, "options": options}
+        if self.session_id is None:
+            self.session_id = self._created(await self.client.arequest("POST", "/sessions", self._create_body()))
+        try:
+            data = await self.client.arequest("POST", f"/sessions/{self.session_id}/reset", body)
+        except EnvServerError as e:
+            if e.status not in (404, 409):
+                raise
+            self.session_id = self._created(await self.client.arequest("POST", "/sessions", self._create_body()))
+            data = await self.client.arequest("POST", f"/sessions/{self.session_id}/reset", body)
+        return self._began(data)
+
+    async def astep(self, action: Action) -> StepResult:
+        self._check_stepping()
+        data = await self.client.arequest("POST", f"/sessions/{self.session_id}/step", _step_body(action))
+        return self._stepped(data)
+
+    def close(self) -> None:
+        """Delete the session (in the background when an event loop runs here); never raises."""
+        session_id, self.session_id = self.session_id, None
+        if session_id is not None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                try:
+                    self.client.request("DELETE", f"/sessions/{session_id}")
+                except Exception:  # the server is gone, or already forgot it: nothing is left to close
+                    pass
+            else:
+                task = loop.create_task(self._adelete(session_id))
+                self._pending.add(task)
+                task.add_done_callback(self._pending.discard)
+        if self._owns_client:
+            self.client.close()
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    async def _adelete(self, session_id: str) -> None:
+        try:
+            await self.client.arequest("DELETE", f"/sessions/{session_id}")
+        except Exception:  # see close
+            pass
+
+    def _create_body(self) -> dict[str, Any]:
+        return {"env_id": self.env_id, "split": self.split, "env_kwargs": self.env_kwargs}
+
+    @staticmethod
+    def _created(data: Any) -> str:
+        return str(data["session_id"])
+
+    def _seed_locally(self, seed: int | None) -> None:
+        # The local generator only drives action_space.sample() (the random agent); the task is the server's.
+        gym.Env.reset(self, seed=seed)
+        if seed is not None:
+            self.action_space.seed(seed)
+
+    def _began(self, data: Mapping[str, Any]) -> ResetResult:
+        observation = [Message.from_dict(m) for m in data["observation"]]
+        self.turn = 0
+        self._episode_over = ""
+        self.messages = list(observation)
+        return ResetResult(observation, dict(data["info"]))
+
+    def _check_stepping(self) -> None:
+        if self._episode_over is None or self.session_id is None:
+            raise RuntimeError(f"{self._env_name}.step was called before reset(); call reset() first.")
+        if self._episode_over:
+            raise RuntimeError(
+                f"{self._env_name}.step was called after the episode ended ({self._episode_over}); "
+                "call reset() to start a new one."
+            )
+
+    def _stepped(self, data: Mapping[str, Any]) -> StepResult:
+        observation = [Message.from_dict(m) for m in data["observation"]]
+        self.turn += 1
+        self.messages.extend(observation)
+        terminated, truncated = bool(data["terminated"]), bool(data["truncated"])
+        if terminated or truncated:
+            self._episode_over = "terminated" if terminated else "truncated"
+        return StepResult(observation, float(data["reward"]), terminated, truncated, dict(data["info"]))
+
+
+def remote_env_factory(
+    url: str, env_id: str, env_kwargs: Mapping[str, Any] | None = None, *, token: str | None = None
+) -> Callable[[], RemoteEnv]:
+    """A function making a fresh :class:`RemoteEnv` each call, all sharing one :class:`EnvClient`
+    and one read of ``GET /envs``. ``env_kwargs["split"]``, if set, is the session's split."""
+    kwargs = dict(env_kwargs or {})
+    split = kwargs.pop("split", None)
+    client = EnvClient(url, token)
+    spec = client.env_spec(env_id)
+    return lambda: RemoteEnv(url, env_id, split=split, env_kwargs=kwargs, client=client, spec=spec)
+
+
+def _json(body: Any) -> dict[str, Any]:
+    """The request's body as ASCII JSON: a reply may hold a lone surrogate, which UTF-8 cannot carry."""
+    if body is None:
+        return {}
+    return {"content": json.dumps(body, ensure_ascii=True), "headers": {"content-type": "application/json"}}
+
+
+def _step_body(action: Action) -> dict[str, Any]:
+    if isinstance(action, Message):
+        return {"reply": action.to_dict()}
+    if isinstance(action, str):
+        return {"reply": action}
+    raise TypeError(f"RemoteEnv.step expects the reply as a str or an assistant Message, got {type(action).__name__}.")
+
+
+def _remote_tool(schema: Mapping[str, Any]) -> Tool:
+    function = schema["function"]
+
+    def runs_on_the_server(**_: Any) -> Any:
+        raise RuntimeError(f"The tool {function['name']!r} runs on the env server; a RemoteEnv's step calls it there.")
+
+    return Tool(
+        function["name"], function.get("description", ""), dict(function.get("parameters") or {}), runs_on_the_server
+    )
+
+
+def _decoded(response: httpx.Response, method: str, path: str) -> Any:
+    if response.status_code == 204:
+        return None
+    if response.is_success:
+        return response.json()
+    detail = _detail(response)
+    if response.status_code == 409 and ("reset it" in detail or "reset it first" in detail):
+        raise RuntimeError(f"The env server refused {method} {path}: {detail}")
+    raise EnvServerError(
+        f"The env server answered {method} {path} with {response.status_code}: {detail}", response.status_code
+    )
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        detail = response.text
+    return detail if isinstance(detail, str) else str(detail)
