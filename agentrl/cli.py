@@ -32,6 +32,7 @@ import enum
 import importlib
 import json
 import os
+import signal
 import sys
 import warnings
 from dataclasses import dataclass
@@ -747,14 +748,53 @@ def serve_command(
     step_timeout: Annotated[float, typer.Option(help="Seconds one reset or step may take; past it 504.")] = 60.0,
     max_body: Annotated[int, typer.Option(metavar="BYTES", help="Largest request body; past it 413.")] = 1 << 20,
     log_level: Annotated[str, typer.Option(help="uvicorn's log level.")] = "info",
+    docker: Annotated[bool, typer.Option("--docker", help="Run the server in a container, on a Unix socket.")] = False,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            help="--docker: an image holding agentrl and the envs (default: this install in the sandbox image)."
+        ),
+    ] = None,
 ) -> None:
     """Serve envs over HTTP (FastAPI + uvicorn) for RemoteEnv and `rollout.env_url=` (docs/env-server.md)."""
     from agentrl.server import ServerLimits, load_tokens, serve  # FastAPI and uvicorn load only for this command
 
     limits = ServerLimits(max_sessions, idle_timeout, step_timeout, max_body)
     tokens = load_tokens(token_file)
+    if docker:
+        args = [
+            f"--max-sessions={max_sessions}",
+            f"--idle-timeout={idle_timeout}",
+            f"--step-timeout={step_timeout}",
+            f"--max-body={max_body}",
+            f"--log-level={log_level}",
+            *(f"--allow-kwarg={k}" for k in allow_kwarg or ()),
+        ]
+        _serve_in_docker(env_ids, image, uds, args, tokens)
+        return
     serve(env_ids, host=host, port=port, uds=uds, tokens=tokens, limits=limits, allow_kwargs=allow_kwarg or (),
           log_level=log_level)  # fmt: skip
+
+
+def _serve_in_docker(
+    env_ids: list[str], image: str | None, uds: str | None, args: list[str], tokens: list[str]
+) -> None:
+    from agentrl.server.docker import DockerEnvServer
+
+    server = DockerEnvServer(env_ids, image=image, socket_dir=os.path.dirname(uds) if uds else None,
+                             serve_args=args, tokens=tokens)  # fmt: skip
+    if uds and os.path.basename(uds) != "server.sock":
+        fail(f"--docker serves on DIR/server.sock; pass --uds DIR/server.sock (got {uds}).", code=2)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the container goes with us (finally below)
+    url = server.start()
+    console.print(
+        f"serving {', '.join(env_ids)} in container {server.container.name} at {url} (Ctrl-C stops it)", soft_wrap=True
+    )
+    try:
+        code = server.wait()
+        fail(f"the env server container exited with code {code}:\n{server.logs()}")
+    finally:
+        server.stop()
 
 
 @app.command("plot")

@@ -134,7 +134,8 @@ def make_app(
     app.state.metrics = metrics
     app.add_middleware(_BodyLimit, max_bytes=limits.max_body_bytes, metrics=metrics)
 
-    def owner(request: Request) -> str:
+    # Dependencies are coroutines: FastAPI runs a plain function in a worker thread, a hop per request.
+    async def owner(request: Request) -> str:
         """The digest sessions are bound to; 401 unless the request holds a served token."""
         presented = _bearer(request.headers.get("authorization"))
         if token_list:
@@ -148,7 +149,7 @@ def make_app(
                 )
         return token_digest(presented)
 
-    def session_of(session_id: str, who: str = Depends(owner)) -> Session:
+    async def session_of(session_id: str, who: str = Depends(owner)) -> Session:
         session = store.get(session_id, who)
         if session is None:
             raise _error(metrics, 404, "No such session for this token: it may have expired (idle past "
@@ -308,7 +309,7 @@ async def _reset(session: Session, seed: int | None, options: dict[str, Any] | N
     env = session.env
     if session.kind == "single":
         observation, info = await env.areset(seed=seed, options=options)
-        return ResetResponse(observation=_messages(observation), info=_jsonable(info)).model_dump()
+        return {"observation": _messages(observation), "info": _jsonable(info)}  # a ResetResponse
     if session.kind == "parallel":
         observations, infos = await ENV_THREADS.run(lambda: env.reset(seed=seed, options=options))
         return _parallel(env, observations, {}, {}, {}, infos)
@@ -320,11 +321,14 @@ async def _step(session: Session, action: Any) -> tuple[dict[str, Any], bool]:
     env = session.env
     if session.kind == "single":
         observation, reward, terminated, truncated, info = await env.astep(action)
-        response = StepResponse(
-            observation=_messages(observation), reward=float(reward), terminated=bool(terminated),
-            truncated=bool(truncated), info=_jsonable(info),
-        )  # fmt: skip
-        return response.model_dump(), bool(terminated or truncated)
+        response = {
+            "observation": _messages(observation),
+            "reward": float(reward),
+            "terminated": bool(terminated),
+            "truncated": bool(truncated),
+            "info": _jsonable(info),
+        }  # a StepResponse; fmt: skip
+        return response, bool(terminated or truncated)
     if session.kind == "parallel":
         result = await ENV_THREADS.run(lambda: env.step(action))
         return _parallel(env, *result), not env.agents
@@ -367,26 +371,33 @@ def _reply(reply: Reply, tool_format: str | None) -> str | Message:
 def _parallel(
     env: Any, observations: Any, rewards: Any, terminations: Any, truncations: Any, infos: Any
 ) -> dict[str, Any]:
-    return ParallelResponse(
-        agents=list(env.agents),
-        observations={str(a): _messages(o) for a, o in observations.items()},
-        rewards={str(a): float(r) for a, r in rewards.items()},
-        terminations={str(a): bool(t) for a, t in terminations.items()},
-        truncations={str(a): bool(t) for a, t in truncations.items()},
-        infos={str(a): _jsonable(i) for a, i in infos.items()},
-    ).model_dump()
+    return {  # a ParallelResponse
+        "agents": list(env.agents),
+        "observations": {str(a): _messages(o) for a, o in observations.items()},
+        "rewards": {str(a): float(r) for a, r in rewards.items()},
+        "terminations": {str(a): bool(t) for a, t in terminations.items()},
+        "truncations": {str(a): bool(t) for a, t in truncations.items()},
+        "infos": {str(a): _jsonable(i) for a, i in infos.items()},
+    }
 
 
 def _aec(env: AECEnv[str, Any, Any]) -> dict[str, Any]:
     if not env.agents:
-        return AECResponse(agents=[], agent_selection=None, observation=None, reward=0.0, termination=True,
-                           truncation=False, info={}).model_dump()  # fmt: skip
+        return {
+            "agents": [],
+            "agent_selection": None,
+            "observation": None,
+            "reward": 0.0,
+            "termination": True,
+            "truncation": False,
+            "info": {},
+        }  # an AECResponse; fmt: skip
     observation, reward, termination, truncation, info = env.last()
-    return AECResponse(
-        agents=list(env.agents), agent_selection=env.agent_selection,
-        observation=None if observation is None else _messages(observation), reward=float(reward),
-        termination=bool(termination), truncation=bool(truncation), info=_jsonable(info),
-    ).model_dump()  # fmt: skip
+    return {  # an AECResponse
+        "agents": list(env.agents), "agent_selection": env.agent_selection,
+        "observation": None if observation is None else _messages(observation), "reward": float(reward),
+        "termination": bool(termination), "truncation": bool(truncation), "info": _jsonable(info),
+    }  # fmt: skip
 
 
 # --- the plumbing around each call ---------------------------------------------------------------
@@ -474,8 +485,9 @@ def _takes_split(creator: Any) -> bool:
     return any(p.name == "split" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
-def _messages(observation: Any) -> list[MessageBody]:
-    return [MessageBody.model_validate(m.to_dict()) for m in observation]
+def _messages(observation: Any) -> list[dict[str, Any]]:
+    """Messages as :class:`MessageBody` dicts (``Message.to_dict`` writes that shape already)."""
+    return [m.to_dict() for m in observation]
 
 
 def _jsonable(value: Any) -> Any:

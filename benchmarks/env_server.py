@@ -1,0 +1,153 @@
+"""What serving an env over HTTP costs: RemoteEnv against the same env in process, on loopback.
+
+    python benchmarks/env_server.py --quick    # smoke test, about 15 s
+    python benchmarks/env_server.py            # 2000 timed steps, 256 sessions x 20 steps
+
+The env is ``agentrl/Calculator-v0`` and every reply is one calculator tool call, so each step does
+the same work in both columns (parse the call, run the tool, answer with a tool message); the
+difference is the HTTP round trip: the request's JSON, uvicorn, FastAPI's validation, the session
+lookup and lock, the answer's JSON. The server is ``agentrl serve`` in a process of its own
+(uvicorn with its defaults: uvloop and httptools where installed), as a user runs it.
+
+Printed side by side:
+
+- **latency**: one ``step`` at a time (``RemoteEnv.step``, sync client, kept-alive connection)
+  against ``env.step`` in process; p50 / p90 / p99 in milliseconds and the added p50 (target:
+  <= 1 ms added at p50);
+- **throughput**: ``--sessions`` episodes at once, ``--steps`` steps each, through
+  ``RemoteEnv.astep`` (one async client, pooled connections) against the same episodes on
+  in-process envs' ``astep``; steps per second, and every step's answer checked (lost: 0).
+
+Both sides share this machine's cores with each other; on 2 cores the server and the client take
+one each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+
+import agentrl
+from agentrl.server import EnvClient, RemoteEnv
+
+ENV_ID = "agentrl/Calculator-v0"
+CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "6*7"}}</tool_call>'
+
+
+def start_server(port: int) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "agentrl.cli", "serve", ENV_ID, "--port", str(port), "--log-level", "warning"]
+    process = subprocess.Popen(command, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError("agentrl serve did not come up within 60 s")
+
+
+def step_latencies(env: agentrl.AgentEnv, n: int) -> list[float]:
+    """Seconds of each of ``n`` steps (resets when an episode ends are not timed)."""
+    env.reset(seed=0)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        _, _, terminated, truncated, _ = env.step(CALL)
+        times.append(time.perf_counter() - t0)
+        if terminated or truncated:
+            env.reset(seed=len(times))
+    return times
+
+
+async def throughput(make_env, sessions: int, steps: int) -> tuple[float, int]:
+    """Steps per second of ``sessions`` concurrent episodes of ``steps`` steps; and steps lost."""
+
+    async def episode(i: int) -> int:
+        env = make_env()
+        await env.areset(seed=i)
+        answered = 0
+        for _ in range(steps):
+            observation, _, terminated, truncated, _ = await env.astep(CALL)
+            answered += bool(observation) and "42" in observation[0].content
+            if terminated or truncated:
+                await env.areset(seed=i)
+        if isinstance(env, RemoteEnv):
+            await env.client.arequest("DELETE", f"/sessions/{env.session_id}")
+        return answered
+
+    t0 = time.perf_counter()
+    answered = await asyncio.gather(*(episode(i) for i in range(sessions)))
+    seconds = time.perf_counter() - t0
+    return sessions * steps / seconds, sessions * steps - sum(answered)
+
+
+def percentiles(times: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(times, n=100)
+    return q[49] * 1e3, q[89] * 1e3, q[98] * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke test: few steps and sessions")
+    parser.add_argument("--latency-steps", type=int, default=2000)
+    parser.add_argument("--sessions", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=20)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.latency_steps, args.sessions, args.steps = 200, 32, 5
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    server = start_server(port)
+    try:
+        local_env = agentrl.as_agent_env(agentrl.make(ENV_ID, split="test"))
+        remote_env = RemoteEnv(url, ENV_ID, split="test")
+        step_latencies(local_env, 50), step_latencies(remote_env, 50)  # warm both
+        local, remote = step_latencies(local_env, args.latency_steps), step_latencies(remote_env, args.latency_steps)
+        remote_env.close()
+        client = EnvClient(url)
+        spec = client.env_spec(ENV_ID)
+        remote_rate, remote_lost = asyncio.run(
+            throughput(
+                lambda: RemoteEnv(url, ENV_ID, split="test", client=client, spec=spec), args.sessions, args.steps
+            )
+        )
+        local_rate, local_lost = asyncio.run(
+            throughput(lambda: agentrl.as_agent_env(agentrl.make(ENV_ID, split="test")), args.sessions, args.steps)
+        )
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+    (l50, l90, l99), (r50, r90, r99) = percentiles(local), percentiles(remote)
+    print(f"\n{ENV_ID}, one calculator call per step, server: agentrl serve on {url} (its own process)\n")
+    print(f"{'step latency (ms)':<34}{'p50':>9}{'p90':>9}{'p99':>9}   steps")
+    print(f"{'in process (env.step)':<34}{l50:>9.3f}{l90:>9.3f}{l99:>9.3f}   {len(local)}")
+    print(f"{'RemoteEnv.step over HTTP':<34}{r50:>9.3f}{r90:>9.3f}{r99:>9.3f}   {len(remote)}")
+    added = r50 - l50
+    verdict = "met" if added <= 1.0 else "PROBLEM: missed"
+    print(f"added at p50: {added:.3f} ms (target <= 1 ms: {verdict})\n")
+    print(f"{'throughput':<34}{'steps/s':>9}   lost   ({args.sessions} sessions x {args.steps} steps)")
+    print(f"{'in process (astep)':<34}{local_rate:>9.0f}   {local_lost:>4}")
+    print(f"{'RemoteEnv.astep over HTTP':<34}{remote_rate:>9.0f}   {remote_lost:>4}")
+    print(f"remote / in process: {remote_rate / local_rate:.2f}x")
+    if remote_lost or local_lost:
+        print("PROBLEM: steps were lost")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
