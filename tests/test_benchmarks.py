@@ -206,3 +206,12 @@ def test_multi_policy_serving_quick_run_prints_its_table(capsys):
         "adapters' RSS / one engine's",
     ):
         assert row in out
+
+
+def test_env_server_quick_run_compares_remote_and_local_steps(capsys):
+    head = (BENCHMARKS / "env_server.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/env_server.py --quick") for line in head)
+    assert load("env_server").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for row in ("in process, env.step", "RemoteEnv.astep (aiohttp, async)", "added at p50:", "remote / in process:"):
+        assert row in out

@@ -3,6 +3,7 @@
 ``docs/env-server.md`` is the guide."""
 
 from agentrl.server.app import make_app
+from agentrl.server.openenv import OpenEnvEnv, add_openenv_routes
 from agentrl.server.remote import EnvClient, EnvServerError, RemoteEnv, remote_env_factory
 from agentrl.server.run import ServerThread, load_tokens, serve
 from agentrl.server.sessions import ServerLimits
@@ -10,9 +11,11 @@ from agentrl.server.sessions import ServerLimits
 __all__ = [
     "EnvClient",
     "EnvServerError",
+    "OpenEnvEnv",
     "RemoteEnv",
     "ServerLimits",
     "ServerThread",
+    "add_openenv_routes",
     "load_tokens",
     "make_app",
     "remote_env_factory",

@@ -130,27 +130,28 @@ def make_app(
         default_response_class=AsciiJSONResponse,
         responses={code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 500, 503, 504)},
     )
-    app.state.store = store
-    app.state.metrics = metrics
+    # What routes added later (agentrl.server.openenv) share with these.
+    app.state.store, app.state.metrics, app.state.specs = store, metrics, specs
+    app.state.limits, app.state.tokens = limits, token_list
     app.add_middleware(_BodyLimit, max_bytes=limits.max_body_bytes, metrics=metrics)
 
     # Dependencies are coroutines: FastAPI runs a plain function in a worker thread, a hop per request.
     async def owner(request: Request) -> str:
         """The digest sessions are bound to; 401 unless the request holds a served token."""
-        presented = _bearer(request.headers.get("authorization"))
-        if token_list:
-            # Every token is compared, so the time taken says nothing of which one came close.
-            if presented is None or not sum(hmac.compare_digest(presented, t) for t in token_list):
-                metrics.errors.labels("401").inc()
-                raise HTTPException(
-                    401,
-                    "Missing or wrong token: send the server's token as 'Authorization: Bearer TOKEN'.",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-        return token_digest(presented)
+        who = authorized(request.headers.get("authorization"), token_list)
+        if who is None:
+            metrics.errors.labels("401").inc()
+            raise HTTPException(
+                401,
+                "Missing or wrong token: send the server's token as 'Authorization: Bearer TOKEN'.",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return who
 
-    async def session_of(session_id: str, who: str = Depends(owner)) -> Session:
-        session = store.get(session_id, who)
+    async def session_of(session_id: str, request: Request) -> Session:
+        # Called by the hot routes themselves rather than as a Depends chain: FastAPI's dependency
+        # solving costs more per request than the lookup (benchmarks/README.md, env_server.py).
+        session = store.get(session_id, await owner(request))
         if session is None:
             raise _error(metrics, 404, "No such session for this token: it may have expired (idle past "
                          f"{limits.idle_timeout:g} s), been deleted, or never existed. Create one with POST /sessions.")  # fmt: skip
@@ -221,7 +222,8 @@ def make_app(
         return AsciiJSONResponse(created.model_dump(), 201)
 
     @app.get("/sessions/{session_id}", response_model=SessionState)
-    async def session_state(session: Session = Depends(session_of)) -> SessionState:
+    async def session_state(session_id: str, request: Request) -> SessionState:
+        session = await session_of(session_id, request)
         now = time.monotonic()
         return SessionState(
             session_id=session.id, env_id=session.env_id, kind=session.kind, split=session.split,
@@ -230,11 +232,13 @@ def make_app(
         )  # fmt: skip
 
     @app.delete("/sessions/{session_id}", status_code=204)
-    async def delete_session(session: Session = Depends(session_of)) -> None:
+    async def delete_session(session_id: str, request: Request) -> None:
+        session = await session_of(session_id, request)
         await store.close(session, "deleted")
 
     @app.post("/sessions/{session_id}/reset", response_model=ResetResponse | ParallelResponse | AECResponse)
-    async def reset(body: ResetRequest | None = None, session: Session = Depends(session_of)) -> JSONResponse:
+    async def reset(session_id: str, request: Request, body: ResetRequest | None = None) -> JSONResponse:
+        session = await session_of(session_id, request)
         body = body or ResetRequest()
         seed = body.seed if body.seed is not None else session.seed
         async with _turn(session, metrics):
@@ -244,7 +248,8 @@ def make_app(
         return AsciiJSONResponse(result)
 
     @app.post("/sessions/{session_id}/step", response_model=StepResponse | ParallelResponse | AECResponse)
-    async def step(body: StepRequest, session: Session = Depends(session_of)) -> JSONResponse:
+    async def step(session_id: str, request: Request, body: StepRequest) -> JSONResponse:
+        session = await session_of(session_id, request)
         if session.episode != "running":
             what = "reset it first" if session.episode == "not started" else "its episode is over; reset it"
             raise _error(metrics, 409, f"Cannot step session {session.id[:8]}...: {what}.")
@@ -252,7 +257,7 @@ def make_app(
         async with _turn(session, metrics):
             result, over = await _env_call(session, "step", lambda: _step(session, action), limits, metrics)
             session.steps += 1
-            metrics.steps.labels(session.env_id).inc()
+            metrics.count_step(session.env_id)
             if over:
                 session.episode = "over"
         return AsciiJSONResponse(result)
@@ -431,14 +436,15 @@ async def _env_call(
         logger.warning("env server: %s of %s raised %s: %s", call, session.env_id, type(e).__name__, e)
         raise HTTPException(500, f"The env raised {type(e).__name__} during {call}: {e}") from None
     finally:
-        metrics.latency.labels(session.env_id, call).observe(time.perf_counter() - start)
+        metrics.observe(session.env_id, call, time.perf_counter() - start)
 
 
 async def _timed(
     fn: Callable[[], Awaitable[T]], seconds: float, what: str, metrics: _Metrics, session: Session | None = None
 ) -> T:
     try:
-        return await asyncio.wait_for(fn(), seconds)
+        async with asyncio.timeout(seconds):  # not wait_for: that starts a task per call
+            return await fn()
     except TimeoutError:
         metrics.errors.labels("504").inc()
         if session is not None:
@@ -516,6 +522,16 @@ def _first_line(doc: str | None) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
+def authorized(header: str | None, tokens: Sequence[str]) -> str | None:
+    """The owner digest of a request with ``Authorization: header``, or ``None`` when ``tokens``
+    are served and the header holds none of them."""
+    presented = _bearer(header)
+    # Every token is compared, so the time taken says nothing of which one came close.
+    if tokens and (presented is None or not sum(hmac.compare_digest(presented, t) for t in tokens)):
+        return None
+    return token_digest(presented)
+
+
 def _bearer(header: str | None) -> str | None:
     if not header:
         return None
@@ -546,6 +562,19 @@ class _Metrics:
             "agentrl_server_call_seconds", "Env call latency (reset, step)", ["env", "call"], registry=r,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )  # fmt: skip
+        self._children: dict[tuple[str, ...], Any] = {}  # labels() costs a lookup and a lock per call
+
+    def observe(self, env_id: str, call: str, seconds: float) -> None:
+        key = ("latency", env_id, call)
+        if key not in self._children:
+            self._children[key] = self.latency.labels(env_id, call)
+        self._children[key].observe(seconds)
+
+    def count_step(self, env_id: str) -> None:
+        key = ("steps", env_id)
+        if key not in self._children:
+            self._children[key] = self.steps.labels(env_id)
+        self._children[key].inc()
 
 
 class _BodyLimit:

@@ -27,9 +27,10 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, NamedTuple
 
+import aiohttp
 import gymnasium as gym
 import httpx
 
@@ -49,11 +50,22 @@ class EnvServerError(RuntimeError):
         self.status = status
 
 
+class Answer(NamedTuple):
+    """One HTTP answer, whichever library fetched it."""
+
+    status: int
+    text: str
+    retry_after: str = ""
+
+
 class EnvClient:
     """Pooled HTTP connections to one env server, sync and async, with retries.
 
     ``url`` is ``http://host:port`` or ``unix:///path/to/socket``. One client serves any number of
-    :class:`RemoteEnv` (a rollout's envs share one); its async connections are kept per event loop.
+    :class:`RemoteEnv` (a rollout's envs share one). The sync calls go through ``httpx``; the async
+    ones through ``aiohttp``, one session per event loop: at 32 concurrent connections httpx's async
+    pool cost about 5 ms of client CPU per request on this project's 2-core machine, aiohttp's 0.3
+    (``benchmarks/README.md``, ``env_server.py``), and a rollout keeps hundreds of episodes in flight.
     """
 
     def __init__(
@@ -77,39 +89,57 @@ class EnvClient:
         self.headers = {"authorization": f"Bearer {token}"} if token else {}
         self.timeout = timeout
         self.retry_for = retry_for
-        self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.max_connections = max_connections
         self._sync: httpx.Client | None = None
-        self._async: dict[int, tuple[asyncio.AbstractEventLoop, httpx.AsyncClient]] = {}
+        self._async: dict[int, tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession, Any]] = {}
 
     # --- requests ------------------------------------------------------------------------------
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
-        """``method path`` with ``body`` as JSON; the decoded answer, or :class:`EnvServerError`."""
+        """``method path`` with ``body`` as JSON; the decoded answer, or :class:`EnvServerError`.
+        503 and connection errors are retried with backoff for up to ``retry_for`` seconds."""
         deadline = time.monotonic() + self.retry_for
         for attempt in range(1_000_000):
             try:
                 response = self._sync_client().request(method, path, **_json(body))
             except (httpx.ConnectError, httpx.ConnectTimeout) as e:
                 wait = self._backoff(attempt, None, deadline, e)
+            except httpx.TransportError as e:
+                raise self._lost(method, path, e) from e
             else:
-                if response.status_code != 503:
-                    return _decoded(response, method, path)
-                wait = self._backoff(attempt, response, deadline, None)
+                answer = Answer(response.status_code, response.text, response.headers.get("retry-after", ""))
+                if answer.status != 503:
+                    return _decoded(answer, method, path)
+                wait = self._backoff(attempt, answer, deadline, None)
             time.sleep(wait)
         raise AssertionError("unreachable")
 
     async def arequest(self, method: str, path: str, body: Any = None) -> Any:
-        """The async :meth:`request`."""
+        """The async :meth:`request`. A connection the server dropped is retried too, except for
+        a step (which may have been played)."""
         deadline = time.monotonic() + self.retry_for
         for attempt in range(1_000_000):
             try:
-                response = await self._async_client().request(method, path, **_json(body))
-            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                session = await self._async_session()
+                data = _json(body)
+                async with session.request(
+                    method, self.base_url + path, data=data.get("content"), headers=data.get("headers")
+                ) as response:
+                    answer = Answer(response.status, await response.text(), response.headers.get("retry-after", ""))
+            except (aiohttp.ClientConnectorError, TimeoutError) as e:
+                if isinstance(e, TimeoutError) and attempt > 0:
+                    raise self._lost(method, path, e) from e
                 wait = self._backoff(attempt, None, deadline, e)
+            except aiohttp.ServerDisconnectedError as e:
+                if path.endswith("/step"):
+                    raise self._lost(method, path, e) from e
+                wait = self._backoff(attempt, None, deadline, e)
+            except aiohttp.ClientError as e:
+                raise self._lost(method, path, e) from e
             else:
-                if response.status_code != 503:
-                    return _decoded(response, method, path)
-                wait = self._backoff(attempt, response, deadline, None)
+                if answer.status != 503:
+                    return _decoded(answer, method, path)
+                wait = self._backoff(attempt, answer, deadline, None)
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
@@ -121,63 +151,66 @@ class EnvClient:
         return specs[env_id]
 
     def close(self) -> None:
+        """Close the sync connections (async ones close with :meth:`aclose`, or with their loop)."""
         if self._sync is not None:
             self._sync.close()
             self._sync = None
 
     async def aclose(self) -> None:
+        """Close this event loop's connections."""
         entry = self._async.pop(id(asyncio.get_running_loop()), None)
         if entry is not None:
-            await entry[1].aclose()
+            await entry[1].close()
 
     # --- plumbing ------------------------------------------------------------------------------
 
-    def _backoff(
-        self, attempt: int, response: httpx.Response | None, deadline: float, error: Exception | None
-    ) -> float:
+    def _lost(self, method: str, path: str, error: Exception) -> EnvServerError:
+        return EnvServerError(
+            f"Lost the env server at {self.url} during {method} {path} ({type(error).__name__}: {error}); "
+            "the episode it held is gone."
+        )
+
+    def _backoff(self, attempt: int, answer: Answer | None, deadline: float, error: Exception | None) -> float:
         wait = min(0.05 * 2**attempt, 2.0) * (0.5 + random.random())
-        if response is not None:
-            retry_after = response.headers.get("retry-after", "")
-            wait = max(wait, float(retry_after)) if retry_after.isdigit() else wait
+        if answer is not None and answer.retry_after.isdigit():
+            wait = max(wait, float(answer.retry_after))
         if time.monotonic() + wait > deadline:
             if error is not None:
                 raise EnvServerError(
                     f"Cannot reach the env server at {self.url} ({type(error).__name__}: {error}) after retrying "
                     f"for {self.retry_for:g} s; start it with `agentrl serve ENV_ID` or check the URL."
                 ) from error
-            assert response is not None
+            assert answer is not None
             raise EnvServerError(f"The env server at {self.url} is still full after {self.retry_for:g} s: "
-                                 f"{_detail(response)}", 503)  # fmt: skip
+                                 f"{_detail(answer)}", 503)  # fmt: skip
         return wait
 
     def _sync_client(self) -> httpx.Client:
         if self._sync is None:
-            transport = httpx.HTTPTransport(uds=self.uds, limits=self.limits) if self.uds else None
+            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+            transport = httpx.HTTPTransport(uds=self.uds, limits=limits) if self.uds else None
             self._sync = httpx.Client(
-                base_url=self.base_url,
-                headers=self.headers,
-                timeout=self.timeout,
-                limits=self.limits,
-                transport=transport,
+                base_url=self.base_url, headers=self.headers, timeout=self.timeout, limits=limits, transport=transport
             )
         return self._sync
 
-    def _async_client(self) -> httpx.AsyncClient:
+    async def _async_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         entry = self._async.get(id(loop))
         if entry is None or entry[0] is not loop:
-            for key, (old, _) in list(self._async.items()):  # clients of loops that are gone
+            for key, (old, *_) in list(self._async.items()):  # sessions of loops that are gone
                 if old.is_closed():
                     del self._async[key]
-            transport = httpx.AsyncHTTPTransport(uds=self.uds, limits=self.limits) if self.uds else None
-            client = httpx.AsyncClient(
-                base_url=self.base_url,
-                headers=self.headers,
-                timeout=self.timeout,
-                limits=self.limits,
-                transport=transport,
+            if self.uds:
+                connector: aiohttp.BaseConnector = aiohttp.UnixConnector(path=self.uds, limit=self.max_connections)
+            else:
+                connector = aiohttp.TCPConnector(limit=self.max_connections)
+            session = aiohttp.ClientSession(
+                connector=connector, headers=self.headers, timeout=aiohttp.ClientTimeout(total=self.timeout)
             )
-            entry = self._async[id(loop)] = (loop, client)
+            keeper = _closed_with_the_loop(session)
+            await keeper.__anext__()
+            entry = self._async[id(loop)] = (loop, session, keeper)
         return entry[1]
 
 
@@ -337,6 +370,16 @@ def remote_env_factory(
     return lambda: RemoteEnv(url, env_id, split=split, env_kwargs=kwargs, client=client, spec=spec)
 
 
+async def _closed_with_the_loop(session: aiohttp.ClientSession) -> AsyncIterator[None]:
+    """Closes ``session`` when its event loop shuts down: ``asyncio.run`` finalises the async
+    generators still suspended in its loop (``loop.shutdown_asyncgens``), and this one waits there."""
+    try:
+        yield
+        await asyncio.Event().wait()
+    finally:
+        await session.close()
+
+
 def _json(body: Any) -> dict[str, Any]:
     """The request's body as ASCII JSON: a reply may hold a lone surrogate, which UTF-8 cannot carry."""
     if body is None:
@@ -363,22 +406,20 @@ def _remote_tool(schema: Mapping[str, Any]) -> Tool:
     )
 
 
-def _decoded(response: httpx.Response, method: str, path: str) -> Any:
-    if response.status_code == 204:
+def _decoded(answer: Answer, method: str, path: str) -> Any:
+    if answer.status == 204:
         return None
-    if response.is_success:
-        return response.json()
-    detail = _detail(response)
-    if response.status_code == 409 and ("reset it" in detail or "reset it first" in detail):
+    if 200 <= answer.status < 300:
+        return json.loads(answer.text)
+    detail = _detail(answer)
+    if answer.status == 409 and "reset it" in detail:
         raise RuntimeError(f"The env server refused {method} {path}: {detail}")
-    raise EnvServerError(
-        f"The env server answered {method} {path} with {response.status_code}: {detail}", response.status_code
-    )
+    raise EnvServerError(f"The env server answered {method} {path} with {answer.status}: {detail}", answer.status)
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(answer: Answer) -> str:
     try:
-        detail = response.json().get("detail", response.text)
-    except ValueError:
-        detail = response.text
+        detail = json.loads(answer.text).get("detail", answer.text)
+    except (ValueError, AttributeError):
+        detail = answer.text
     return detail if isinstance(detail, str) else str(detail)

@@ -15,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from agentrl.server.app import make_app
+from agentrl.server.openenv import add_openenv_routes
 from agentrl.server.remote import TOKEN_ENV
 from agentrl.server.sessions import ServerLimits
 
@@ -60,10 +61,14 @@ def serve(
     allow_kwargs: Collection[str] = (),
     log_level: str = "info",
 ) -> None:
-    """Serve ``env_ids`` with uvicorn until interrupted (on a Unix socket when ``uds`` is given)."""
+    """Serve ``env_ids`` with uvicorn until interrupted (on a Unix socket when ``uds`` is given),
+    with agentrl's routes and OpenEnv's WebSocket protocol (:mod:`agentrl.server.openenv`)."""
     check_bind(host, uds, tokens)
-    app = make_app(env_ids, limits=limits, tokens=tokens, allow_kwargs=allow_kwargs)
-    uvicorn.run(app, host=host, port=port, uds=uds, log_level=log_level, timeout_graceful_shutdown=5)
+    app = add_openenv_routes(make_app(env_ids, limits=limits, tokens=tokens, allow_kwargs=allow_kwargs))
+    # No proxy-header rewriting (nothing sits in front by default) and no access log below info:
+    # both cost time on every request.
+    uvicorn.run(app, host=host, port=port, uds=uds, log_level=log_level, timeout_graceful_shutdown=5,
+                proxy_headers=False, access_log=log_level in ("debug", "trace", "info"))  # fmt: skip
 
 
 class ServerThread:
