@@ -75,7 +75,9 @@ def test_an_openenv_server_is_an_agentrl_env_that_passes_check_env(openenv_serve
 
 def test_an_openenv_env_trains_through_the_rollout_engine(openenv_server, tiny_tokenizer):
     if "test/OpenEnvGuess-v0" not in agentrl.registered_ids():
-        agentrl.register("test/OpenEnvGuess-v0", OpenEnvEnv, kwargs={"url": openenv_server, "observation_field": "prompt"})
+        agentrl.register(
+            "test/OpenEnvGuess-v0", OpenEnvEnv, kwargs={"url": openenv_server, "observation_field": "prompt"}
+        )
     engine = build_engine("test/OpenEnvGuess-v0", ScriptedPolicy(tiny_tokenizer, "1"), group_size=2,
                           limits=EpisodeLimits(max_turns=3), sampling=Sampling(max_tokens=8))  # fmt: skip
     trajectories = asyncio.run(engine.collect(num_groups=4))
