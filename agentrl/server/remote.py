@@ -63,9 +63,9 @@ class EnvClient:
 
     ``url`` is ``http://host:port`` or ``unix:///path/to/socket``. One client serves any number of
     :class:`RemoteEnv` (a rollout's envs share one). The sync calls go through ``httpx``; the async
-    ones through ``aiohttp``, one session per event loop: at 32 concurrent connections httpx's async
-    pool cost about 5 ms of client CPU per request on this project's 2-core machine, aiohttp's 0.3
-    (``benchmarks/README.md``, ``env_server.py``), and a rollout keeps hundreds of episodes in flight.
+    ones through ``aiohttp``, one session per event loop, because httpx's async pool spent several
+    times the server's own CPU per request once dozens of connections were open, and a rollout
+    keeps hundreds of episodes in flight (figures: ``benchmarks/README.md``, ``env_server.py``).
     """
 
     def __init__(
