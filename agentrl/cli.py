@@ -10,6 +10,7 @@
     agentrl train examples/quickstart.yaml         # train the default model; held-out success before/after
     agentrl plot runs/calc                         # draw a run's metrics into runs/calc/curves.png
     agentrl serve agentrl/Calculator-v0            # serve envs over HTTP on 127.0.0.1:8000 (RemoteEnv)
+    agentrl dashboard runs/quickstart              # the live dashboard of a run on 127.0.0.1:8765
 
 Every command that makes an env takes ``--kwarg key=value`` (repeatable) for the env's constructor
 arguments; values are read as JSON when they parse (``max_turns=4``, ``words=["a","b"]``) and as
@@ -795,6 +796,41 @@ def _serve_in_docker(
         fail(f"the env server container exited with code {code}:\n{server.logs()}")
     finally:
         server.stop()
+
+
+@app.command("dashboard")
+def dashboard_command(
+    sources: Annotated[
+        list[str], typer.Argument(metavar="RUN_DIR...", help="Run directories (or trajectory .jsonl files) to show.")
+    ],
+    host: Annotated[str, typer.Option(help="Address to bind; other than loopback only with a token.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 8765,
+    token_file: Annotated[
+        str | None, typer.Option(metavar="FILE", help="Tokens, one per line (default: $AGENTRL_SERVER_TOKEN).")
+    ] = None,
+    tokenizer: Annotated[
+        str | None, typer.Option(help="Decode token ids of trajectory files written without token texts (a model).")
+    ] = None,
+) -> None:
+    """Serve the live dashboard of runs (curves, per-policy panels, trajectories) on 127.0.0.1."""
+    import uvicorn
+
+    from agentrl.dashboard import make_dashboard
+    from agentrl.server import load_tokens
+    from agentrl.server.run import check_bind
+
+    tokens = load_tokens(token_file)
+    check_bind(host, None, tokens)
+    app = make_dashboard(sources, tokens=tokens, tokenizer=_load_tokenizer(tokenizer) if tokenizer else None)
+    address = f"http://{host}:{port}/" + (f"?token={tokens[0]}" if tokens else "")
+    console.print(f"dashboard of {', '.join(sources)}: {address}", soft_wrap=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def _load_tokenizer(model: str) -> Any:
+    from agentrl.build import load_tokenizer
+
+    return load_tokenizer(model)
 
 
 @app.command("plot")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.build import build_engine, limits_of, sampling_of
+from agentrl.dashboard.records import sample_records, write_samples
 from agentrl.metrics import MetricsLogger
 from agentrl.plot import plot_run
 from agentrl.policies import Policy
@@ -257,12 +258,25 @@ class Controller:
         metrics["perf/time_step"] = rollout_seconds + metrics["perf/time_train"] + metrics["perf/time_sync"]
         metrics["perf/tokens_per_s"] = sum(t.num_generated for t in trajectories) / metrics["perf/time_step"]
         self.metrics.log(state.step, metrics)
+        self._write_samples(groups, state.step)
         self.progress.on_advance(metrics)
         if config.checkpoint_every and state.step % config.checkpoint_every == 0 and state.step < config.steps:
             await self.acheckpoint()
         if config.eval_every and state.step % config.eval_every == 0 and state.step < config.steps:
             await self._evaluate(state.step)
         await self._notify()
+
+    def _write_samples(self, groups: list[list[Trajectory]], step: int) -> None:
+        """The first ``samples_per_step`` groups, with the advantages just trained on (``dashboard.records``)."""
+        if self.config.samples_per_step <= 0:
+            return
+        sample = [t for group in groups[: self.config.samples_per_step] for t in group]
+        advantages = self.trainer.last_advantages
+        rows = None
+        if advantages is not None:  # rows follow the batch's trajectories, whose first ones these are
+            rows = [advantages[i, : len(t.token_ids)].tolist() for i, t in enumerate(sample)]
+        records = sample_records(sample, step, "train", self.policy.tokenizer, rows)
+        write_samples(self.config.run_dir, records, step, "train")
 
     def _batch_metrics(self, trajectories: list[Trajectory], version: int) -> dict[str, float]:
         """``rollout/...`` of this step's batch (failed episodes since the last step included) and
@@ -304,11 +318,18 @@ class Controller:
             seed=EVAL_SEED_OFFSET + rollout.seed,
         )
         self.progress.on_phase(f"evaluating (step {step})", self.config.eval_episodes)
+        played: list[Trajectory] = []
         try:
-            async for _ in engine.stream(self.config.eval_episodes):
+            async for trajectory in engine.stream(self.config.eval_episodes):
+                played.append(trajectory)
                 self.progress.on_advance({})
         finally:
             engine.close()
+        if self.config.samples_per_eval > 0:  # the same held-out seeds each time: lined up by group id
+            sample = sorted(played, key=lambda t: t.group_id)[: self.config.samples_per_eval]
+            write_samples(
+                self.config.run_dir, sample_records(sample, step, "eval", self.policy.tokenizer), step, "eval"
+            )
         summary = engine.stats.summary()
         result = {
             "eval/success_rate": summary["rollout/success_rate"],

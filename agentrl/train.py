@@ -38,10 +38,12 @@ live: the settings in :mod:`agentrl.train_config`, the set-up in :mod:`agentrl.b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import importlib
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,11 +52,13 @@ import torch
 from agentrl.build import build_engine, build_trainer, engine_settings, load_tokenizer, make_policy, policy_options
 from agentrl.config import EngineConfig, to_dict
 from agentrl.controller import Controller, ControllerState, Progress, TrainResult, plot_quietly
+from agentrl.dashboard import make_dashboard
 from agentrl.metrics import MetricsLogger
 from agentrl.model_paths import resolve_model
 from agentrl.multi_train import train_policies
 from agentrl.policies import Policy
 from agentrl.registry import is_multiagent, spec
+from agentrl.server.run import ServerThread
 from agentrl.train_config import EVAL_SEED_OFFSET, PolicyConfig, StageConfig, TrainConfig
 from agentrl.trainers.checkpoint import list_checkpoints, load_checkpoint
 from agentrl.trainers.models import save_pretrained
@@ -84,11 +88,33 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
     progress = progress or Progress()
     for module in config.imports:
         importlib.import_module(module)
-    if is_multiagent(config.rollout.env_id):
-        if policy is not None:
-            raise ValueError("train(policy=...) serves one policy; a multi-agent run starts its own engines.")
-        return train_policies(config, progress)
-    spec(config.rollout.env_id)  # an unknown env fails now, not after the engine started
+    with _dashboard(config):
+        if is_multiagent(config.rollout.env_id):
+            if policy is not None:
+                raise ValueError("train(policy=...) serves one policy; a multi-agent run starts its own engines.")
+            return train_policies(config, progress)
+        return _train_one_policy(config, progress, policy)
+
+
+@contextlib.contextmanager
+def _dashboard(config: TrainConfig) -> Iterator[None]:
+    """With ``dashboard: true``, the run's dashboard on 127.0.0.1 for as long as it trains."""
+    if not config.dashboard:
+        yield
+        return
+    Path(config.run_dir).mkdir(parents=True, exist_ok=True)
+    server = ServerThread(make_dashboard([config.run_dir]), port=config.dashboard_port)
+    url = server.start()
+    print(f"dashboard: {url}", flush=True)
+    try:
+        yield
+    finally:
+        server.stop()
+
+
+def _train_one_policy(config: TrainConfig, progress: Progress, policy: Policy | None) -> TrainResult:
+    if config.rollout.env_url is None:
+        spec(config.rollout.env_id)  # an unknown env fails now, not after the engine started
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     settings = dataclasses.replace(config, trainer=config.trainer_settings())  # what the run uses, filled in

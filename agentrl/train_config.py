@@ -123,6 +123,14 @@ class TrainConfig:
     """Also write TensorBoard event files (run_dir/tensorboard)."""
     wandb: bool = False
     """Also log to wandb, offline (run_dir/wandb; sync later with `wandb sync`)."""
+    samples_per_step: int = 1
+    """Groups of each step written to run_dir/samples for the dashboard's trajectory viewer (0 = none)."""
+    samples_per_eval: int = 8
+    """Held-out episodes of each evaluation written to run_dir/samples (the same prompts each time)."""
+    dashboard: bool = False
+    """Serve the live dashboard of this run on 127.0.0.1 while it trains (`agentrl dashboard`); its address is printed."""
+    dashboard_port: int = 8765
+    """The dashboard's port."""
     imports: list[str] = field(default_factory=list)
     """Python modules to import first (a user's package that registers envs)."""
 

@@ -38,7 +38,8 @@ python -m pip --version
 #   docker.io     the Docker Engine for sandboxes (started below)
 #   bubblewrap    the local sandbox backend
 #   debootstrap   builds the sandbox image offline (no image can be pulled here)
-SYSTEM_PACKAGES=(docker.io bubblewrap debootstrap)
+#   chromium, chromium-driver   the headless browser the dashboard's tests drive (selenium)
+SYSTEM_PACKAGES=(docker.io bubblewrap debootstrap chromium chromium-driver)
 
 section "system packages"
 missing=()

@@ -185,6 +185,8 @@ class Trainer:
         self.value_model = value_model
         self.device = next(model.parameters()).device
         self.step_count = 0
+        self.last_advantages: torch.Tensor | None = None
+        """``[B, T]``: the last step's advantages, rows in its trajectories' order (for the dashboard's samples)."""
         self.optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=config.lr,
@@ -212,6 +214,7 @@ class Trainer:
                 values=self._values(batch) if self.value_model is not None else None,
             )
         batch = self._with_advantages(batch)
+        self.last_advantages = batch.advantages.detach().cpu() if batch.advantages is not None else None
 
         totals: dict[str, float] = {}
         for _ in range(config.epochs):
