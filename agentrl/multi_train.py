@@ -43,6 +43,7 @@ import torch
 from agentrl.build import build_engine, build_trainer, engine_settings, limits_of, policy_options, sampling_of
 from agentrl.config import ConfigError, to_dict
 from agentrl.controller import Progress, TrainResult, append_json, oldest_version, plot_quietly, shift_versions
+from agentrl.dashboard.records import sample_records, write_samples
 from agentrl.mapping import PRESETS, policy_mapping
 from agentrl.metrics import MetricsLogger, policy_metric
 from agentrl.model_paths import resolve_model
@@ -667,6 +668,7 @@ class MultiController:
         metrics["perf/time_step"] = time.perf_counter() - started
         metrics["train/stage"] = float(self.state.stage)
         self.metrics.log(lane.state.step, {policy_metric(name, lane.policy_id): v for name, v in metrics.items()})
+        self._write_samples(lane, groups)
         self.progress.on_advance(metrics)
         every = self.config.checkpoint_every
         if every and lane.state.step % every == 0 and self.active:
@@ -675,6 +677,18 @@ class MultiController:
             await self._evaluate()
         async with self.changed:
             self.changed.notify_all()
+
+    def _write_samples(self, lane: Lane, groups: list[list[Trajectory]]) -> None:
+        """The first ``samples_per_step`` groups of this policy's step, for the dashboard (``dashboard.records``)."""
+        if self.config.samples_per_step <= 0 or lane.trainer is None:
+            return
+        sample = [t for group in groups[: self.config.samples_per_step] for t in group]
+        advantages = lane.trainer.last_advantages
+        rows = (
+            None if advantages is None else [advantages[i, : len(t.token_ids)].tolist() for i, t in enumerate(sample)]
+        )
+        records = sample_records(sample, lane.state.step, f"train.{lane.policy_id}", lane.policy.tokenizer, rows)
+        write_samples(self.config.run_dir, records, lane.state.step, f"train.{lane.policy_id}")
 
     # --- evaluation and checkpoints --------------------------------------------------------------
 

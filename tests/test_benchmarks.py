@@ -215,3 +215,15 @@ def test_env_server_quick_run_compares_remote_and_local_steps(capsys):
     out = capsys.readouterr().out
     for row in ("in process, env.step", "RemoteEnv.astep (aiohttp, async)", "added at p50:", "remote / in process:"):
         assert row in out
+
+
+def test_dashboard_render_quick_run_prints_its_figures(capsys):
+    import shutil
+
+    if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
+        pytest.skip("Debian's chromium and chromium-driver are not installed (scripts/install.sh installs them)")
+    head = (BENCHMARKS / "dashboard_render.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/dashboard_render.py --quick") for line in head)
+    assert load("dashboard_render").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "page ready s" in out and "+100 steps live s" in out

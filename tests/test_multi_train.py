@@ -23,6 +23,7 @@ import multi_env  # noqa: E402  (registers tests/SayLetters-v0)
 
 from agentrl import multi_train  # noqa: E402
 from agentrl.config import ConfigError, load_config  # noqa: E402
+from agentrl.dashboard import read_trajectories, sample_files  # noqa: E402
 from agentrl.metrics import read_metrics  # noqa: E402
 from agentrl.train import TrainConfig, train  # noqa: E402
 
@@ -105,6 +106,13 @@ def test_both_policies_train_asynchronously_and_in_lockstep(tiny_model_dir, tmp_
     assert any(not torch.equal(a[k], b[k]) for k in a)  # two trainers, two different updates
     for record in _batches(result.run_dir):
         assert record["policy"] in POLICIES and len(record["groups"]) == 2
+    # the dashboard's samples: one group per step of each policy, only that policy's agent
+    kinds = {(kind, step) for kind, step, _ in sample_files(result.run_dir)}
+    assert kinds == {(f"train.{p}", s) for p in POLICIES for s in range(1, 5)}
+    for kind, _, path in sample_files(result.run_dir):
+        records = read_trajectories(path)
+        assert {r["policy_id"] for r in records} == {kind.removeprefix("train.")} and len(records) == 4
+        assert all(len(r["advantages"]) == len(r["token_ids"]) for r in records)
 
 
 def test_a_frozen_policy_keeps_its_weights_bitwise(tiny_model_dir, tmp_path, monkeypatch):

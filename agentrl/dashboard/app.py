@@ -16,7 +16,7 @@ Routes, all ``GET`` (the app never writes), none taking a path from the request:
 ``/api/runs/{i}/stream?offset=N``     the same as Server-Sent Events, plus the list of sample files
 ``/api/runs/{i}/config``              ``config.json`` of the run
 ``/api/runs/{i}/samples``             its sample files: ``[{kind, step}]``
-``/api/runs/{i}/samples/{kind}/{n}``  one sample file's trajectories (``kind``: train or eval)
+``/api/runs/{i}/samples/{kind}/{n}``  one sample file's trajectories (``kind``: train, train.POLICY, eval)
 ``/api/runs/{i}/trajectories``        a trajectory JSONL source (``agentrl rollout --out``)
 ====================================  ==============================================================
 
@@ -33,12 +33,13 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
 
-from agentrl.dashboard.records import read_trajectories, sample_files, token_texts
+from agentrl.dashboard.records import KIND, read_trajectories, sample_files, token_texts
 
 POLL_SECONDS = 0.5
 """How often the stream looks for new metric lines and sample files."""
@@ -160,7 +161,7 @@ def make_dashboard(sources: Sequence[str | Path], *, tokens: Sequence[str] = (),
         return run_of(i).samples()
 
     @app.get("/api/runs/{i}/samples/{kind}/{step}")
-    async def sample(i: int, kind: Literal["train", "eval"], step: int) -> list[dict[str, Any]]:
+    async def sample(i: int, kind: Annotated[str, PathParam(pattern=KIND.pattern)], step: int) -> list[dict[str, Any]]:
         found = [p for k, n, p in sample_files(run_of(i).path) if k == kind and n == step]
         if not found:
             raise HTTPException(404, f"Run {i} has no {kind} sample of step {step}.")

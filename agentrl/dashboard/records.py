@@ -1,12 +1,13 @@
 """What a training run writes for the dashboard's trajectory viewer: ``RUN_DIR/samples/``.
 
 After each training step the controller writes the first ``samples_per_step`` groups it trained
-on to ``samples/train-000012.jsonl``, and after each evaluation the first ``samples_per_eval``
+on to ``samples/train-000012.jsonl`` (``train.POLICY-000012.jsonl`` for each policy of a
+multi-policy run, whose policies count their own steps), and after each evaluation the first ``samples_per_eval``
 held-out episodes to ``samples/eval-000012.jsonl`` (the held-out seeds are the same at every
 evaluation, so the same prompts line up across steps). One JSON object per line: a trajectory's
 fields (:meth:`agentrl.Trajectory.to_dict`) plus
 
-- ``step`` and ``kind`` (``train`` or ``eval``);
+- ``step`` and ``kind`` (``train``, ``train.POLICY`` or ``eval``);
 - ``token_texts``: each token id decoded on its own, so the page needs no tokenizer;
 - ``advantages``: the advantage of each token as the trainer computed it (0 where the loss mask is
   0; empty for evaluation episodes, which are not trained on);
@@ -18,9 +19,10 @@ fields (:meth:`agentrl.Trajectory.to_dict`) plus
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from agentrl.rollout.stats import failure_cause
 from agentrl.types import Trajectory
@@ -31,7 +33,7 @@ SAMPLES_DIR = "samples"
 def sample_records(
     trajectories: Sequence[Trajectory],
     step: int,
-    kind: Literal["train", "eval"],
+    kind: str,
     tokenizer: Any = None,
     advantages: Sequence[Sequence[float]] | None = None,
 ) -> list[dict[str, Any]]:
@@ -50,6 +52,8 @@ def sample_records(
 
 def write_samples(run_dir: str | Path, records: Iterable[dict[str, Any]], step: int, kind: str) -> Path:
     """Write ``records`` to ``RUN_DIR/samples/KIND-STEP.jsonl`` (replacing an older file of that step)."""
+    if not KIND.fullmatch(kind):
+        raise ValueError(f"A sample kind is train, eval or train.POLICY, got {kind!r}.")
     folder = Path(run_dir) / SAMPLES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{kind}-{step:06d}.jsonl"
@@ -66,13 +70,17 @@ def token_texts(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
     return list(tokenizer.batch_decode([[i] for i in token_ids], skip_special_tokens=False))
 
 
+KIND = re.compile(r"(train|eval)(\.[A-Za-z0-9_-]{1,64})?")
+"""A sample file's kind: ``train`` or ``eval``, or ``train.POLICY`` in a multi-policy run."""
+
+
 def sample_files(run_dir: str | Path) -> list[tuple[str, int, Path]]:
     """``(kind, step, path)`` of every sample file of a run, in step order."""
     folder = Path(run_dir) / SAMPLES_DIR
     found = []
     for path in folder.glob("*-*.jsonl") if folder.is_dir() else ():
-        kind, _, number = path.stem.partition("-")
-        if kind in ("train", "eval") and number.isdigit():
+        kind, _, number = path.stem.rpartition("-")
+        if KIND.fullmatch(kind) and number.isdigit():
             found.append((kind, int(number), path))
     return sorted(found, key=lambda f: (f[1], f[0]))
 
