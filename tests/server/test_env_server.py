@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import gymnasium as gym
 import httpx
 import pytest
 
@@ -47,12 +48,19 @@ class Crash(Counter):
         raise ValueError("the env fell over")
 
 
-for _name, _cls in (("Counter", Counter), ("Hang", Hang), ("Crash", Crash)):
-    if f"test/Server{_name}-v0" not in agentrl.registered_ids():
-        agentrl.register(f"test/Server{_name}-v0", _cls)
-
 COUNTER, HANG, CRASH = "test/ServerCounter-v0", "test/ServerHang-v0", "test/ServerCrash-v0"
 TOKEN, OTHER = "s3cret-token-one", "s3cret-token-two"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    """The test envs, registered for this module only (Crash and Hang break check_env on purpose,
+    so they must not be among the ids tests/test_checker.py checks)."""
+    for env_id, cls in ((COUNTER, Counter), (HANG, Hang), (CRASH, Crash)):
+        agentrl.register(env_id, cls)
+    yield
+    for env_id in (COUNTER, HANG, CRASH):
+        del gym.registry[env_id]
 
 
 @pytest.fixture(scope="module")
