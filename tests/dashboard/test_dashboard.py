@@ -17,9 +17,10 @@ import pytest
 
 import agentrl
 from agentrl import AgentEnv, Feedback, Message
-from agentrl.config import load_config
+from agentrl.config import RolloutConfig, load_config
 from agentrl.dashboard import make_dashboard, sample_files
 from agentrl.dashboard.records import read_trajectories
+from agentrl.run import rollout
 from agentrl.server import ServerThread
 from agentrl.testing import ScriptedPolicy
 from agentrl.train import TrainConfig, train
@@ -115,14 +116,15 @@ def test_training_writes_a_group_per_step_with_advantages_and_the_same_eval_prom
 
 
 @pytest.fixture(scope="module")
-def dashboard(trained, tmp_path_factory):
-    rollout_out = tmp_path_factory.mktemp("out") / "rollout.jsonl"
-    shutil.copy(sample_files(trained)[0][2], rollout_out)
-    with ServerThread(make_dashboard([trained, rollout_out])) as url:
+def dashboard(trained, tiny_model_dir, tiny_tokenizer, tmp_path_factory):
+    rollout_out = tmp_path_factory.mktemp("out") / "rollout.jsonl"  # what `agentrl rollout --out` writes
+    rollout(RolloutConfig(env_id=ENV_ID, model=str(tiny_model_dir), backend="hf", episodes=2, out=str(rollout_out)),
+            policy=scripted(tiny_tokenizer))  # fmt: skip
+    with ServerThread(make_dashboard([trained, rollout_out], tokenizer=tiny_tokenizer)) as url:
         yield url
 
 
-def test_the_api_serves_runs_metrics_from_an_offset_samples_and_trajectory_files(dashboard):
+def test_the_api_serves_runs_metrics_from_an_offset_samples_and_trajectory_files(dashboard, tiny_tokenizer):
     runs = httpx.get(f"{dashboard}/api/runs").json()
     assert [(r["id"], r["kind"]) for r in runs] == [(0, "run"), (1, "trajectories")]
     first = httpx.get(f"{dashboard}/api/runs/0/metrics").json()
@@ -131,7 +133,8 @@ def test_the_api_serves_runs_metrics_from_an_offset_samples_and_trajectory_files
     assert rest == {"records": [], "offset": first["offset"]}
     assert {"kind": "train", "step": 2} in httpx.get(f"{dashboard}/api/runs/0/samples").json()
     assert len(httpx.get(f"{dashboard}/api/runs/0/samples/train/2").json()) == 4
-    assert httpx.get(f"{dashboard}/api/runs/1/trajectories").json()[0]["token_texts"]
+    (first, _) = httpx.get(f"{dashboard}/api/runs/1/trajectories").json()
+    assert "".join(first["token_texts"]) == tiny_tokenizer.decode(first["token_ids"])  # decoded by the dashboard
     assert httpx.get(f"{dashboard}/api/runs/0/config").json()["steps"] == 3
     assert httpx.get(f"{dashboard}/static/plotly.min.js").text.startswith("/**")
     with httpx.stream("GET", f"{dashboard}/api/runs/0/stream", params={"offset": 0}) as stream:
