@@ -431,3 +431,54 @@ class ScriptedPolicy:
 
     def close(self) -> None:
         pass
+
+
+# --- real servers and a real browser, for tests and benchmarks ----------------------------------
+
+
+def serve_in_subprocess(env_ids: Sequence[str], port: int, timeout: float = 60.0) -> Any:
+    """``agentrl serve ENV_IDS --port PORT`` in a process of its own (its own session, so
+    ``os.killpg`` stops it), returned once ``/healthz`` answers."""
+    import subprocess  # noqa: PLC0415  (only these helpers start processes)
+    import sys  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    import httpx  # noqa: PLC0415
+
+    command = [sys.executable, "-m", "agentrl.cli", "serve", *env_ids, "--port", str(port), "--log-level", "warning"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"agentrl serve did not come up within {timeout:g} s")
+
+
+def headless_chromium(window: str = "1400,1000") -> Any:
+    """A selenium driver of Debian's ``chromium`` through its ``chromium-driver`` (nothing downloaded)."""
+    import shutil  # noqa: PLC0415
+
+    from selenium import webdriver  # noqa: PLC0415  (a dev dependency)
+    from selenium.webdriver.chrome.options import Options  # noqa: PLC0415
+    from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
+
+    browser, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if browser is None or driver is None:
+        raise RuntimeError(
+            "Debian's chromium and chromium-driver are not installed (scripts/install.sh installs them)."
+        )
+    options = Options()
+    options.binary_location = browser
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={window}",
+    ):
+        options.add_argument(argument)
+    return webdriver.Chrome(service=Service(driver), options=options)

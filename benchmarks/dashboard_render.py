@@ -17,7 +17,6 @@ import argparse
 import json
 import math
 import random
-import shutil
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 from agentrl.dashboard import make_dashboard
 from agentrl.server import ServerThread
+from agentrl.testing import headless_chromium
 
 SECTIONS = ("rollout", "train", "perf")
 
@@ -38,24 +38,6 @@ def write_metrics(path: Path, steps: range, metrics: int, seed: int = 0) -> None
             if step % 100 == 0:
                 record["eval/success_rate"], record["eval/reward_mean"] = rng.random(), rng.random()
             f.write(json.dumps(record) + "\n")
-
-
-def browser():
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = shutil.which("chromium") or "/usr/bin/chromium"
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(argument)
-    return webdriver.Chrome(service=Service(shutil.which("chromedriver") or "/usr/bin/chromedriver"), options=options)
 
 
 def wait(driver, script: str, timeout: float = 300.0) -> None:
@@ -72,7 +54,7 @@ def measure(steps: int, metrics: int) -> tuple[float, float, int]:
         run = Path(folder) / "run"
         run.mkdir()
         write_metrics(run / "metrics.jsonl", range(1, steps + 1), metrics)
-        driver = browser()
+        driver = headless_chromium()
         try:
             with ServerThread(make_dashboard([run])) as url:
                 driver.get(url + "/")

@@ -31,31 +31,15 @@ import os
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import time
 
-import httpx
-
 import agentrl
 from agentrl.server import EnvClient, RemoteEnv
+from agentrl.testing import serve_in_subprocess
 
 ENV_ID = "agentrl/Calculator-v0"
 CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "6*7"}}</tool_call>'
-
-
-def start_server(port: int) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "agentrl.cli", "serve", ENV_ID, "--port", str(port), "--log-level", "warning"]
-    process = subprocess.Popen(command, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("agentrl serve did not come up within 60 s")
 
 
 def step_latencies(env: agentrl.AgentEnv, n: int) -> list[float]:
@@ -124,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    server = start_server(port)
+    server = serve_in_subprocess([ENV_ID], port)
     try:
         local_env = agentrl.as_agent_env(agentrl.make(ENV_ID, split="test"))
         remote_env = RemoteEnv(url, ENV_ID, split="test")

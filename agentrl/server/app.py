@@ -241,11 +241,7 @@ def make_app(
         session = await session_of(session_id, request)
         body = body or ResetRequest()
         seed = body.seed if body.seed is not None else session.seed
-        async with _turn(session, metrics):
-            result = await _env_call(session, "reset", lambda: _reset(session, seed, body.options), limits, metrics)
-            session.episode = "running"
-            session.episodes += 1
-        return AsciiJSONResponse(result)
+        return AsciiJSONResponse(await play_reset(session, seed, body.options, limits, metrics))
 
     @app.post("/sessions/{session_id}/step", response_model=StepResponse | ParallelResponse | AECResponse)
     async def step(session_id: str, request: Request, body: StepRequest) -> JSONResponse:
@@ -254,15 +250,37 @@ def make_app(
             what = "reset it first" if session.episode == "not started" else "its episode is over; reset it"
             raise _error(metrics, 409, f"Cannot step session {session.id[:8]}...: {what}.")
         action = _action(session, env_spec=specs[session.env_id], body=body, metrics=metrics)
-        async with _turn(session, metrics):
-            result, over = await _env_call(session, "step", lambda: _step(session, action), limits, metrics)
-            session.steps += 1
-            metrics.count_step(session.env_id)
-            if over:
-                session.episode = "over"
+        result, _ = await play_step(session, action, limits, metrics)
         return AsciiJSONResponse(result)
 
     return app
+
+
+# --- one call on a session ----------------------------------------------------------------------
+
+
+async def play_reset(
+    session: Session, seed: int | None, options: dict[str, Any] | None, limits: ServerLimits, metrics: _Metrics
+) -> dict[str, Any]:
+    """Reset ``session``'s env under its lock and the step limit; the answer's body."""
+    async with _turn(session, metrics):
+        result = await _env_call(session, "reset", lambda: _reset(session, seed, options), limits, metrics)
+        session.episode = "running"
+        session.episodes += 1
+    return result
+
+
+async def play_step(
+    session: Session, action: Any, limits: ServerLimits, metrics: _Metrics
+) -> tuple[dict[str, Any], bool]:
+    """Step ``session``'s env under its lock and the step limit; the answer's body and whether the episode ended."""
+    async with _turn(session, metrics):
+        result, over = await _env_call(session, "step", lambda: _step(session, action), limits, metrics)
+        session.steps += 1
+        metrics.count_step(session.env_id)
+        if over:
+            session.episode = "over"
+    return result, over
 
 
 # --- what each env kind does ---------------------------------------------------------------------

@@ -43,7 +43,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
 
 from agentrl.env import AgentEnv, Feedback
-from agentrl.server.app import _env_call, _maker, _reset, _step, _timed, _turn, authorized
+from agentrl.server.app import _maker, _timed, authorized, play_reset, play_step
 from agentrl.server.sessions import Full, Session, SessionStore
 from agentrl.threads import ENV_THREADS
 from agentrl.types import Message
@@ -216,9 +216,7 @@ async def _reset_message(session: Session, data: dict[str, Any], limits: Any, me
     seed = data.get("seed")
     if seed is not None and not isinstance(seed, int):
         raise HTTPException(422, f"seed must be an integer, got {seed!r}.")
-    async with _turn(session, metrics):
-        result = await _env_call(session, "reset", lambda: _reset(session, seed, None), limits, metrics)
-        session.episode, session.episodes = "running", session.episodes + 1
+    result = await play_reset(session, seed, None, limits, metrics)
     observation = {**result, "terminated": False, "truncated": False}
     return {"type": "observation", "data": {"observation": {"messages": observation.pop("observation"), **observation},
                                             "reward": 0.0, "done": False}}  # fmt: skip
@@ -234,12 +232,7 @@ async def _step_message(session: Session, data: dict[str, Any], limits: Any, met
         reply = Message.from_dict(reply)
     elif not isinstance(reply, str):
         raise HTTPException(422, f"A step's data is {{'message': REPLY_TEXT}}; got {sorted(data)}.")
-    async with _turn(session, metrics):
-        result, over = await _env_call(session, "step", lambda: _step(session, reply), limits, metrics)
-        session.steps += 1
-        metrics.count_step(session.env_id)
-        if over:
-            session.episode = "over"
+    result, over = await play_step(session, reply, limits, metrics)
     observation = {"messages": result["observation"], "info": result["info"],
                    "terminated": result["terminated"], "truncated": result["truncated"]}  # fmt: skip
     return {"type": "observation", "data": {"observation": observation, "reward": result["reward"], "done": over}}

@@ -22,7 +22,7 @@ from agentrl.dashboard import make_dashboard, sample_files
 from agentrl.dashboard.records import read_trajectories
 from agentrl.run import rollout
 from agentrl.server import ServerThread
-from agentrl.testing import ScriptedPolicy
+from agentrl.testing import ScriptedPolicy, headless_chromium
 from agentrl.train import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,21 +184,7 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 def browser():
     if CHROMIUM is None or DRIVER is None:
         pytest.skip("Debian's chromium and chromium-driver are not installed (scripts/install.sh installs them)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    options = Options()
-    options.binary_location = CHROMIUM
-    for argument in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver = headless_chromium()
     yield driver
     driver.quit()
 

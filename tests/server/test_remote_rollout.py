@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -22,7 +21,7 @@ from agentrl.policies import Sampling
 from agentrl.rollout import EpisodeLimits
 from agentrl.run import rollout
 from agentrl.server import ServerThread, make_app
-from agentrl.testing import ScriptedPolicy
+from agentrl.testing import ScriptedPolicy, serve_in_subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "6*7"}}</tool_call>'
@@ -77,19 +76,7 @@ def _free_port() -> int:
 
 
 def _start_server(port: int) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "serve", "agentrl/Calculator-v0", "--port", str(port), "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return process
-        except httpx.TransportError:
-            time.sleep(0.1)
-    process.kill()
-    raise RuntimeError("agentrl serve did not come up within 60 s")
+    return serve_in_subprocess(["agentrl/Calculator-v0"], port)
 
 
 def test_a_server_killed_mid_run_fails_only_the_episodes_it_held_and_the_run_goes_on(tiny_tokenizer):
