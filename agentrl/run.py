@@ -95,6 +95,7 @@ def _rollout_on_ray(
         num_workers = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
         settings = engine_settings(config)
         settings["concurrency"] = math.ceil(config.concurrency / num_workers)
+        del settings["env_url"]  # None: the config refuses env_url with ray_address (the workers make their envs)
         with DistributedRollout(
             actor,
             config.env_id,
