@@ -275,8 +275,12 @@ class Controller:
         rows = None
         if advantages is not None:  # rows follow the batch's trajectories, whose first ones these are
             rows = [advantages[i, : len(t.token_ids)].tolist() for i, t in enumerate(sample)]
-        records = sample_records(sample, step, "train", self.policy.tokenizer, rows)
-        write_samples(self.config.run_dir, records, step, "train")
+        try:
+            write_samples(
+                self.config.run_dir, sample_records(sample, step, "train", self.policy.tokenizer, rows), step, "train"
+            )
+        except Exception as e:  # the viewer's samples never stop a run
+            log.warning("writing the dashboard's samples of step %d failed: %s", step, e)
 
     def _batch_metrics(self, trajectories: list[Trajectory], version: int) -> dict[str, float]:
         """``rollout/...`` of this step's batch (failed episodes since the last step included) and

@@ -43,7 +43,7 @@ import torch
 from agentrl.build import build_engine, build_trainer, engine_settings, limits_of, policy_options, sampling_of
 from agentrl.config import ConfigError, to_dict
 from agentrl.controller import Progress, TrainResult, append_json, oldest_version, plot_quietly, shift_versions
-from agentrl.dashboard.records import sample_records, write_samples
+from agentrl.dashboard.records import sample_kind, sample_records, write_samples
 from agentrl.mapping import PRESETS, policy_mapping
 from agentrl.metrics import MetricsLogger, policy_metric
 from agentrl.model_paths import resolve_model
@@ -687,8 +687,12 @@ class MultiController:
         rows = (
             None if advantages is None else [advantages[i, : len(t.token_ids)].tolist() for i, t in enumerate(sample)]
         )
-        records = sample_records(sample, lane.state.step, f"train.{lane.policy_id}", lane.policy.tokenizer, rows)
-        write_samples(self.config.run_dir, records, lane.state.step, f"train.{lane.policy_id}")
+        kind = sample_kind("train", lane.policy_id)
+        try:
+            records = sample_records(sample, lane.state.step, kind, lane.policy.tokenizer, rows)
+            write_samples(self.config.run_dir, records, lane.state.step, kind)
+        except Exception as e:  # the viewer's samples never stop a run
+            log.warning("writing the dashboard's samples of step %d failed: %s", lane.state.step, e)
 
     # --- evaluation and checkpoints --------------------------------------------------------------
 

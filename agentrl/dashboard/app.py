@@ -3,8 +3,8 @@
 ``agentrl dashboard RUN_DIR [RUN_DIR ...]`` (or ``agentrl train ... dashboard=true``) serves
 :func:`make_dashboard`'s app. The page (``page.html``, plain JavaScript, no build step) draws every
 metric of ``metrics.jsonl`` with plotly.js, which the ``plotly`` wheel ships and this app serves
-itself, so the page needs no network. It stays live through Server-Sent Events: the stream sends
-the lines appended to ``metrics.jsonl`` and the sample files that appear (:mod:`.records`).
+itself, so the page needs no network. It stays live through one Server-Sent Events stream for all runs: it sends
+the lines appended to each ``metrics.jsonl`` and the sample files that appear (:mod:`.records`).
 
 Routes, all ``GET`` (the app never writes), none taking a path from the request:
 
@@ -13,7 +13,7 @@ Routes, all ``GET`` (the app never writes), none taking a path from the request:
 ``/static/plotly.min.js``             plotly.js from the ``plotly`` package
 ``/api/runs``                         the sources: run directories and trajectory JSONL files
 ``/api/runs/{i}/metrics?offset=N``    the metric records from byte ``N`` on, and the next offset
-``/api/runs/{i}/stream?offset=N``     the same as Server-Sent Events, plus the list of sample files
+``/api/stream?offsets=I:N,...``       Server-Sent Events for all runs: new metric records, sample lists
 ``/api/runs/{i}/config``              ``config.json`` of the run
 ``/api/runs/{i}/samples``             its sample files: ``[{kind, step}]``
 ``/api/runs/{i}/samples/{kind}/{n}``  one sample file's trajectories (``kind``: train, train.POLICY, eval)
@@ -39,8 +39,11 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi import Path as PathParam
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
 
-from agentrl.dashboard.records import KIND, read_trajectories, sample_files, token_texts
+from agentrl.dashboard.records import KIND, finite, read_trajectories, sample_files, token_texts
+from agentrl.server.app import AsciiJSONResponse
 
+PUBLIC = frozenset({"/static/plotly.min.js", "/favicon.ico"})
+"""Routes served without a token: plotly.js as its wheel ships it, and nothing."""
 POLL_SECONDS = 0.5
 """How often the stream looks for new metric lines and sample files."""
 
@@ -73,7 +76,7 @@ class Source:
         records = []
         for line in data[:end].splitlines():
             try:
-                records.append(json.loads(line))
+                records.append(finite(json.loads(line)))
             except ValueError:  # a torn line: skip it rather than stop the page
                 continue
         return records, offset + end
@@ -95,11 +98,15 @@ def make_dashboard(sources: Sequence[str | Path], *, tokens: Sequence[str] = (),
     page = resources.files("agentrl.dashboard").joinpath("page.html").read_text()
 
     async def authorized(request: Request) -> None:
+        if request.url.path in PUBLIC:  # the page's script tag cannot carry the token
+            return
         presented = request.query_params.get("token")
         header = request.headers.get("authorization", "")
         if header.lower().startswith("bearer "):
             presented = header[7:].strip()
-        if token_list and (presented is None or not sum(hmac.compare_digest(presented, t) for t in token_list)):
+        if token_list and (
+            presented is None or not sum(hmac.compare_digest(presented.encode(), t.encode()) for t in token_list)
+        ):
             raise HTTPException(
                 401, "Missing or wrong token: open the address the dashboard printed (it holds ?token=)."
             )
@@ -128,25 +135,31 @@ def make_dashboard(sources: Sequence[str | Path], *, tokens: Sequence[str] = (),
         return [{"id": i, "name": r.name, "kind": r.kind, "path": str(r.path)} for i, r in enumerate(runs)]
 
     @app.get("/api/runs/{i}/metrics")
-    async def metrics(i: int, offset: int = 0) -> dict[str, Any]:
+    def metrics(i: int, offset: int = 0) -> JSONResponse:
         records, end = run_of(i).metrics(max(offset, 0))
-        return {"records": records, "offset": end}
+        return AsciiJSONResponse({"records": records, "offset": end})
 
-    @app.get("/api/runs/{i}/stream")
-    async def stream(i: int, request: Request, offset: int = 0) -> StreamingResponse:
-        run = run_of(i)
+    @app.get("/api/stream")
+    async def stream(request: Request, offsets: str = "") -> StreamingResponse:
+        """One stream for every run (a browser holds few connections per server): ``offsets`` is
+        ``RUN:BYTE,...``; each event's id is the same list, so a reconnect resumes where it was."""
+        position = {i: 0 for i, r in enumerate(runs) if r.kind == "run"}
+        for i, start in _offsets(request.headers.get("last-event-id") or offsets).items():
+            if i in position:
+                position[i] = start
+        seen: dict[int, Any] = {}
 
         async def events() -> AsyncIterator[str]:
-            position, seen = max(offset, 0), None
             yield "retry: 2000\n\n"
             while not await request.is_disconnected():
-                records, position = run.metrics(position)
-                if records:
-                    yield _event("metrics", {"records": records, "offset": position})
-                samples = run.samples()
-                if samples != seen:
-                    seen = samples
-                    yield _event("samples", samples)
+                for i in position:
+                    records, position[i] = await asyncio.to_thread(runs[i].metrics, position[i])
+                    if records:
+                        yield _event("metrics", {"run": i, "records": records, "offset": position[i]}, position)
+                    samples = await asyncio.to_thread(runs[i].samples)
+                    if samples != seen.get(i):
+                        seen[i] = samples
+                        yield _event("samples", {"run": i, "samples": samples}, position)
                 await asyncio.sleep(POLL_SECONDS)
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"cache-control": "no-cache"})
@@ -154,25 +167,26 @@ def make_dashboard(sources: Sequence[str | Path], *, tokens: Sequence[str] = (),
     @app.get("/api/runs/{i}/config")
     async def config(i: int) -> JSONResponse:
         path = run_of(i).path / "config.json"
-        return JSONResponse(json.loads(path.read_text()) if path.exists() else {})
+        return AsciiJSONResponse(finite(json.loads(path.read_text())) if path.exists() else {})
 
     @app.get("/api/runs/{i}/samples")
     async def samples(i: int) -> list[dict[str, Any]]:
         return run_of(i).samples()
 
+    # Plain functions: they read files and decode tokens, which FastAPI then does off the event loop.
     @app.get("/api/runs/{i}/samples/{kind}/{step}")
-    async def sample(i: int, kind: Annotated[str, PathParam(pattern=KIND.pattern)], step: int) -> list[dict[str, Any]]:
+    def sample(i: int, kind: Annotated[str, PathParam(pattern=KIND.pattern)], step: int) -> JSONResponse:
         found = [p for k, n, p in sample_files(run_of(i).path) if k == kind and n == step]
         if not found:
             raise HTTPException(404, f"Run {i} has no {kind} sample of step {step}.")
-        return _with_texts(read_trajectories(found[0]), tokenizer)
+        return AsciiJSONResponse(_with_texts(read_trajectories(found[0]), tokenizer))
 
     @app.get("/api/runs/{i}/trajectories")
-    async def trajectories(i: int, limit: int = 200) -> list[dict[str, Any]]:
+    def trajectories(i: int, limit: int = 200) -> JSONResponse:
         run = run_of(i)
         if run.kind != "trajectories":
             raise HTTPException(404, f"Source {i} is a run directory; its trajectories are under /samples.")
-        return _with_texts(read_trajectories(run.path, min(max(limit, 1), 1000)), tokenizer)
+        return AsciiJSONResponse(_with_texts(read_trajectories(run.path, min(max(limit, 1), 1000)), tokenizer))
 
     return app
 
@@ -194,5 +208,16 @@ def _with_texts(records: list[dict[str, Any]], tokenizer: Any) -> list[dict[str,
     return records
 
 
-def _event(name: str, data: Any) -> str:
-    return f"event: {name}\ndata: {json.dumps(data, default=str)}\n\n"
+def _event(name: str, data: Any, position: dict[int, int]) -> str:
+    event_id = ",".join(f"{i}:{n}" for i, n in position.items())
+    return f"event: {name}\nid: {event_id}\ndata: {json.dumps(data, default=str, ensure_ascii=True)}\n\n"
+
+
+def _offsets(text: str) -> dict[int, int]:
+    """``"0:123,1:0"`` -> ``{0: 123, 1: 0}``; anything malformed is left out."""
+    found = {}
+    for part in text.split(","):
+        run, _, offset = part.partition(":")
+        if run.isdigit() and offset.isdigit():
+            found[int(run)] = int(offset)
+    return found

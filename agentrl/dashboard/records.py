@@ -19,6 +19,7 @@ fields (:meth:`agentrl.Trajectory.to_dict`) plus
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -60,7 +61,8 @@ def write_samples(run_dir: str | Path, records: Iterable[dict[str, Any]], step: 
     partial = path.with_suffix(".jsonl.partial")
     with partial.open("w") as f:
         for record in records:
-            f.write(json.dumps(record, ensure_ascii=False, default=str) + "\n")
+            # ASCII: an env may hand back lone surrogates, which UTF-8 cannot write.
+            f.write(json.dumps(finite(record), ensure_ascii=True, default=str) + "\n")
     partial.replace(path)  # a reader never sees half a file
     return path
 
@@ -70,8 +72,16 @@ def token_texts(tokenizer: Any, token_ids: Sequence[int]) -> list[str]:
     return list(tokenizer.batch_decode([[i] for i in token_ids], skip_special_tokens=False))
 
 
-KIND = re.compile(r"(train|eval)(\.[A-Za-z0-9_-]{1,64})?")
-"""A sample file's kind: ``train`` or ``eval``, or ``train.POLICY`` in a multi-policy run."""
+KIND = re.compile(r"(train|eval)(\.[A-Za-z0-9_.+-]{1,128})?")
+"""A sample file's kind: ``train`` or ``eval``, or ``train.POLICY`` in a multi-policy run (other
+characters of a policy id are written as ``_``, see :func:`sample_kind`)."""
+
+
+def sample_kind(kind: str, policy_id: str | None = None) -> str:
+    """``kind``, or ``kind.POLICY`` with the policy id made fit for a file name."""
+    if policy_id is None:
+        return kind
+    return f"{kind}.{re.sub(r'[^A-Za-z0-9_.+-]', '_', policy_id)[:128]}"
 
 
 def sample_files(run_dir: str | Path) -> list[tuple[str, int, Path]]:
@@ -88,10 +98,26 @@ def sample_files(run_dir: str | Path) -> list[tuple[str, int, Path]]:
 def read_trajectories(path: str | Path, limit: int = 1000) -> list[dict[str, Any]]:
     """The first ``limit`` records of a samples file or of ``agentrl rollout --out``'s JSONL."""
     records = []
-    with Path(path).open() as f:
+    with Path(path).open(errors="replace") as f:
         for line in f:
-            if line.strip():
-                records.append(json.loads(line))
-                if len(records) >= limit:
-                    break
+            if not line.strip():
+                continue
+            try:
+                records.append(finite(json.loads(line)))
+            except ValueError:  # a line being written (a live rollout --out): read next time
+                continue
+            if len(records) >= limit:
+                break
     return records
+
+
+def finite(value: Any) -> Any:
+    """``value`` with NaN and infinities as ``None``: JSON has no word for them, and a browser's
+    ``JSON.parse`` refuses the page that has one (a loss can be NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value

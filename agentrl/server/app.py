@@ -228,7 +228,7 @@ def make_app(
         return SessionState(
             session_id=session.id, env_id=session.env_id, kind=session.kind, split=session.split,
             episode=session.episode, episodes=session.episodes, steps=session.steps,
-            idle_seconds=0.0, age_seconds=now - session.created, broken=session.broken,
+            idle_seconds=now - session.previous_use, age_seconds=now - session.created, broken=session.broken,
         )  # fmt: skip
 
     @app.delete("/sessions/{session_id}", status_code=204)
@@ -237,14 +237,17 @@ def make_app(
         await store.close(session, "deleted")
 
     @app.post("/sessions/{session_id}/reset", response_model=ResetResponse | ParallelResponse | AECResponse)
-    async def reset(session_id: str, request: Request, body: ResetRequest | None = None) -> JSONResponse:
+    async def reset(
+        session_id: str, request: Request, body: ResetRequest | None = None, _: str = Depends(owner)
+    ) -> JSONResponse:  # Depends(owner): a request without a token gets 401 before its body is read
         session = await session_of(session_id, request)
         body = body or ResetRequest()
         seed = body.seed if body.seed is not None else session.seed
+        session.seed = None  # the creation seed is the first reset's only
         return AsciiJSONResponse(await play_reset(session, seed, body.options, limits, metrics))
 
     @app.post("/sessions/{session_id}/step", response_model=StepResponse | ParallelResponse | AECResponse)
-    async def step(session_id: str, request: Request, body: StepRequest) -> JSONResponse:
+    async def step(session_id: str, request: Request, body: StepRequest, _: str = Depends(owner)) -> JSONResponse:
         session = await session_of(session_id, request)
         if session.episode != "running":
             what = "reset it first" if session.episode == "not started" else "its episode is over; reset it"
@@ -545,7 +548,7 @@ def authorized(header: str | None, tokens: Sequence[str]) -> str | None:
     are served and the header holds none of them."""
     presented = _bearer(header)
     # Every token is compared, so the time taken says nothing of which one came close.
-    if tokens and (presented is None or not sum(hmac.compare_digest(presented, t) for t in tokens)):
+    if tokens and (presented is None or not sum(hmac.compare_digest(presented.encode(), t.encode()) for t in tokens)):
         return None
     return token_digest(presented)
 

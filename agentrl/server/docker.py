@@ -70,7 +70,13 @@ class DockerEnvServer:
         self.image = image or DEFAULT_IMAGE
         self.own_python = image is None
         self.socket_dir = Path(socket_dir) if socket_dir else Path(tempfile.mkdtemp(prefix="agentrl-serve-"))
-        self.socket_dir.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        others = [p.name for p in self.socket_dir.iterdir() if p.name != SOCKET_NAME]
+        if others:  # the folder is mounted read-write into the container: it must hold nothing else
+            raise ValueError(
+                f"{self.socket_dir} is mounted into the container and must be a folder of its own; it holds "
+                f"{sorted(others)[:5]}. Pass --uds NEW_FOLDER/{SOCKET_NAME}."
+            )
         self.serve_args = list(serve_args)
         self.tokens = list(tokens)
         self.memory_mb = memory_mb
@@ -107,8 +113,13 @@ class DockerEnvServer:
             volumes.update({path: {"bind": path, "mode": "ro"} for path in host_mounts()})
         environment = {"HOME": "/tmp", "PATH": PATH, "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1",
                        "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}  # fmt: skip
-        if self.tokens:
-            environment["AGENTRL_SERVER_TOKEN"] = self.tokens[0]
+        if self.tokens:  # every token, in a read-only file of its own
+            self._token_dir = tempfile.TemporaryDirectory(prefix="agentrl-serve-tokens-")
+            token_file = Path(self._token_dir.name) / "tokens"
+            token_file.write_text("\n".join(self.tokens) + "\n")
+            token_file.chmod(0o600)
+            volumes[self._token_dir.name] = {"bind": "/run/agentrl-tokens", "mode": "ro"}
+            command += ["--token-file", "/run/agentrl-tokens/tokens"]
         client = docker_client()
         try:
             self.container = client.containers.run(

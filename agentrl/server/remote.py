@@ -35,6 +35,7 @@ import gymnasium as gym
 import httpx
 
 from agentrl.env import Action, AgentEnv, ReplySpace, ResetResult, StepResult
+from agentrl.threads import ENV_THREADS
 from agentrl.tools import Tool
 from agentrl.types import Message
 
@@ -126,10 +127,10 @@ class EnvClient:
                     method, self.base_url + path, data=data.get("content"), headers=data.get("headers")
                 ) as response:
                     answer = Answer(response.status, await response.text(), response.headers.get("retry-after", ""))
-            except (aiohttp.ClientConnectorError, TimeoutError) as e:
-                if isinstance(e, TimeoutError) and attempt > 0:
-                    raise self._lost(method, path, e) from e
+            except aiohttp.ClientConnectorError as e:  # not connected: nothing was sent
                 wait = self._backoff(attempt, None, deadline, e)
+            except TimeoutError as e:  # sent, perhaps played: never sent again
+                raise self._lost(method, path, e) from e
             except aiohttp.ServerDisconnectedError as e:
                 if path.endswith("/step"):
                     raise self._lost(method, path, e) from e
@@ -248,7 +249,6 @@ class RemoteEnv(AgentEnv):
         self.tool_format = agent["tool_format"]
         self.action_space = ReplySpace(self.tools, reply_prefix=agent["reply_prefix"])
         self.session_id: str | None = None
-        self._pending: set[asyncio.Task[Any]] = set()
 
     @property
     def _env_name(self) -> str:
@@ -266,6 +266,8 @@ class RemoteEnv(AgentEnv):
         except EnvServerError as e:
             if e.status not in (404, 409):  # 404: expired or the server restarted; 409: broken
                 raise
+            if e.status == 409:  # broken: free its slot now rather than at its idle timeout
+                self._delete_quietly(self.session_id)
             self.session_id = self._created(self.client.request("POST", "/sessions", self._create_body()))
             data = self.client.request("POST", f"/sessions/{self.session_id}/reset", body)
         return self._began(data)
@@ -284,6 +286,8 @@ class RemoteEnv(AgentEnv):
         except EnvServerError as e:
             if e.status not in (404, 409):
                 raise
+            if e.status == 409:
+                ENV_THREADS.submit(lambda old=self.session_id: self._delete_quietly(old))
             self.session_id = self._created(await self.client.arequest("POST", "/sessions", self._create_body()))
             data = await self.client.arequest("POST", f"/sessions/{self.session_id}/reset", body)
         return self._began(data)
@@ -294,29 +298,22 @@ class RemoteEnv(AgentEnv):
         return self._stepped(data)
 
     def close(self) -> None:
-        """Delete the session (in the background when an event loop runs here); never raises."""
+        """Delete the session (from a daemon thread when an event loop runs here); never raises."""
         session_id, self.session_id = self.session_id, None
         if session_id is not None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                try:
-                    self.client.request("DELETE", f"/sessions/{session_id}")
-                except Exception:  # the server is gone, or already forgot it: nothing is left to close
-                    pass
+            if _loop_running():  # not a task of this loop, which may be about to end and cancel it
+                ENV_THREADS.submit(lambda: self._delete_quietly(session_id))
             else:
-                task = loop.create_task(self._adelete(session_id))
-                self._pending.add(task)
-                task.add_done_callback(self._pending.discard)
+                self._delete_quietly(session_id)
         if self._owns_client:
             self.client.close()
 
     # --- plumbing ------------------------------------------------------------------------------
 
-    async def _adelete(self, session_id: str) -> None:
+    def _delete_quietly(self, session_id: str) -> None:
         try:
-            await self.client.arequest("DELETE", f"/sessions/{session_id}")
-        except Exception:  # see close
+            self.client.request("DELETE", f"/sessions/{session_id}")
+        except Exception:  # the server is gone, or already forgot it: nothing is left to close
             pass
 
     def _create_body(self) -> dict[str, Any]:
@@ -368,6 +365,14 @@ def remote_env_factory(
     client = EnvClient(url, token)
     spec = client.env_spec(env_id)
     return lambda: RemoteEnv(url, env_id, split=split, env_kwargs=kwargs, client=client, spec=spec)
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 async def _closed_with_the_loop(session: aiohttp.ClientSession) -> AsyncIterator[None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import threading
 import time
 from collections.abc import Collection, Sequence
@@ -42,7 +43,8 @@ def load_tokens(token_file: str | Path | None = None) -> list[str]:
 
 
 def check_bind(host: str, uds: str | None, tokens: Collection[str]) -> None:
-    """Refuse a non-loopback address without a token (a Unix socket is reached only through its file)."""
+    """Refuse a non-loopback address without a token (a Unix socket is reached only through its
+    file, which :func:`serve` makes its owner's alone)."""
     if uds is None and not is_loopback(host) and not tokens:
         raise ValueError(
             f"Refusing to serve envs on {host} without a token: anyone who can reach it could run them. "
@@ -67,8 +69,29 @@ def serve(
     app = add_openenv_routes(make_app(env_ids, limits=limits, tokens=tokens, allow_kwargs=allow_kwargs))
     # No proxy-header rewriting (nothing sits in front by default) and no access log below info:
     # both cost time on every request.
-    uvicorn.run(app, host=host, port=port, uds=uds, log_level=log_level, timeout_graceful_shutdown=5,
-                proxy_headers=False, access_log=log_level in ("debug", "trace", "info"))  # fmt: skip
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+                            proxy_headers=False, access_log=log_level in ("debug", "trace", "info"))  # fmt: skip
+    server = uvicorn.Server(config)
+    if uds is None:
+        server.run()
+        return
+    server.run(sockets=[private_unix_socket(uds)])
+
+
+def private_unix_socket(path: str) -> socket.socket:
+    """A listening Unix socket at ``path`` that only its owner may connect to (mode 0600):
+    uvicorn's own ``uds=`` makes it 0666, which lets every local user in without a token."""
+    if os.path.exists(path):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(2048)
+    return sock
 
 
 class ServerThread:
@@ -80,6 +103,7 @@ class ServerThread:
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, uds: str | None = None, **config: Any):
         config.setdefault("log_level", "warning")
+        config.setdefault("timeout_graceful_shutdown", 2)  # an open event stream never ends by itself
         self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, uds=uds, **config))
         self.uds = uds
         self.thread = threading.Thread(target=self.server.run, name="agentrl-env-server", daemon=True)

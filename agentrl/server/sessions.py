@@ -99,6 +99,8 @@ class Session:
     """The seed of a reset that gives none (set when the session is created)."""
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
+    previous_use: float = field(default_factory=time.monotonic)
+    """When the session was used before the current request (what ``GET /sessions/{id}`` reports)."""
     steps: int = 0
     episodes: int = 0
     episode: Literal["not started", "running", "over"] = "not started"
@@ -107,7 +109,7 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def touch(self) -> None:
-        self.last_used = time.monotonic()
+        self.previous_use, self.last_used = self.last_used, time.monotonic()
 
     def idle_seconds(self, now: float | None = None) -> float:
         return (time.monotonic() if now is None else now) - self.last_used
@@ -153,26 +155,30 @@ class SessionStore:
         return session
 
     async def close(self, session: Session, why: str) -> None:
-        """Forget ``session`` and close its env (in a thread, with the step limit; a broken env
-        is left to its abandoned thread)."""
+        """Forget ``session`` and close its env: once a call still running on it has ended (it
+        holds the session's lock, at most the step limit), in a thread, with the step limit. A
+        broken env is left to its abandoned thread."""
         if self._sessions.pop(session.id, None) is None:
             return
         self.on_close(session, why)
-        if session.broken is None:
-            try:
-                await asyncio.wait_for(ENV_THREADS.run(lambda: close_quietly(session.env)), self.limits.step_timeout)
-            except TimeoutError:
-                pass
+        try:
+            async with asyncio.timeout(2 * self.limits.step_timeout):
+                async with session.lock:  # no call can start on it now: it is out of the store
+                    if session.broken is None:
+                        await ENV_THREADS.run(lambda: close_quietly(session.env))
+        except TimeoutError:
+            pass
 
     async def reap(self) -> int:
-        """Close every session idle past ``idle_timeout`` and not in a call; return how many."""
-        now = time.monotonic()
-        idle = [
-            s for s in self._sessions.values() if s.idle_seconds(now) > self.limits.idle_timeout and not s.lock.locked()
-        ]
-        for session in idle:
-            await self.close(session, "idle")
-        return len(idle)
+        """Close every session idle past ``idle_timeout`` and not in a call; return how many.
+        Each is checked again right before it is closed: closing an earlier one awaits, and a
+        request may have used the next one meanwhile."""
+        closed = 0
+        for session in list(self._sessions.values()):
+            if session.idle_seconds() > self.limits.idle_timeout and not session.lock.locked():
+                await self.close(session, "idle")
+                closed += 1
+        return closed
 
     async def run_reaper(self) -> None:
         """Reap forever, every ``limits.reap_every`` seconds (the app runs it while it serves)."""

@@ -18,8 +18,8 @@ import pytest
 import agentrl
 from agentrl import AgentEnv, Feedback, Message
 from agentrl.config import RolloutConfig, load_config
-from agentrl.dashboard import make_dashboard, sample_files
-from agentrl.dashboard.records import read_trajectories
+from agentrl.dashboard import make_dashboard, sample_files, sample_records, write_samples
+from agentrl.dashboard.records import read_trajectories, sample_kind
 from agentrl.run import rollout
 from agentrl.server import ServerThread
 from agentrl.testing import ScriptedPolicy, headless_chromium
@@ -133,17 +133,24 @@ def test_the_api_serves_runs_metrics_from_an_offset_samples_and_trajectory_files
     assert rest == {"records": [], "offset": first["offset"]}
     assert {"kind": "train", "step": 2} in httpx.get(f"{dashboard}/api/runs/0/samples").json()
     assert len(httpx.get(f"{dashboard}/api/runs/0/samples/train/2").json()) == 4
-    (first, _) = httpx.get(f"{dashboard}/api/runs/1/trajectories").json()
-    assert "".join(first["token_texts"]) == tiny_tokenizer.decode(first["token_ids"])  # decoded by the dashboard
+    (decoded, _) = httpx.get(f"{dashboard}/api/runs/1/trajectories").json()
+    assert "".join(decoded["token_texts"]) == tiny_tokenizer.decode(decoded["token_ids"])  # decoded by the dashboard
     assert httpx.get(f"{dashboard}/api/runs/0/config").json()["steps"] == 3
     assert httpx.get(f"{dashboard}/static/plotly.min.js").text.startswith("/**")
-    with httpx.stream("GET", f"{dashboard}/api/runs/0/stream", params={"offset": 0}) as stream:
+    with httpx.stream("GET", f"{dashboard}/api/stream", params={"offsets": "0:0"}) as stream:
         lines = []
         for line in stream.iter_lines():
             lines.append(line)
             if line.startswith("event: samples"):
                 break
     assert "event: metrics" in lines and lines[-1] == "event: samples"
+    ids = [line for line in lines if line.startswith("id: ")]
+    assert ids and ids[-1] == f"id: 0:{first['offset']}"  # a reconnect resumes from here (Last-Event-ID)
+    with httpx.stream("GET", f"{dashboard}/api/stream", headers={"last-event-id": f"0:{first['offset']}"}) as stream:
+        for line in stream.iter_lines():
+            assert not line.startswith("event: metrics"), "a resumed stream sent old records again"
+            if line.startswith("event: samples"):
+                break
 
 
 @pytest.mark.parametrize(
@@ -237,3 +244,20 @@ def test_the_page_follows_a_run_as_it_trains_and_shows_its_trajectories(
         browser.save_screenshot(str(ARTIFACTS / "dashboard-trajectory.png"))
         job.join(timeout=300)
     assert json.loads((run_dir / "config.json").read_text())["steps"] == 10
+
+
+def test_the_page_loads_plotly_without_the_token_and_odd_records_do_not_break_it(tmp_path, tiny_tokenizer):
+    run = tmp_path / "odd"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(
+        '{"step": 1, "train/loss": NaN}\n{"step": 2, "train/loss": 0.5}\n{"step": 3, "tr'
+    )
+    records = sample_records([agentrl.Trajectory(token_ids=[1], messages=[Message("user", "\ud800")])], 1, "train")
+    write_samples(run, records, 1, "train")
+    with ServerThread(make_dashboard([run], tokens=["t"])) as url:
+        assert httpx.get(f"{url}/static/plotly.min.js").status_code == 200  # the script tag sends no token
+        metrics = httpx.get(f"{url}/api/runs/0/metrics", params={"token": "t"}).json()
+        assert [r["train/loss"] for r in metrics["records"]] == [None, 0.5]  # NaN as null, the torn line later
+        (sample,) = httpx.get(f"{url}/api/runs/0/samples/train/1", params={"token": "t"}).json()
+        assert sample["messages"][0]["content"] == "\ud800"
+    assert sample_kind("train", "red+team/v2.5") == "train.red+team_v2.5"

@@ -372,3 +372,60 @@ def test_256_concurrent_sessions_of_20_steps_lose_no_step(server):
     assert len(results) == 256
     for counts in results:
         assert counts == list(range(counts[0], counts[0] + 21))  # every step arrived, once, in order
+
+
+def test_a_delete_during_a_step_waits_for_it_and_the_step_completes(server):
+    import threading
+
+    sid = create(server, HANG).json()["session_id"]
+    httpx.post(f"{server}/sessions/{sid}/reset", json={"seed": 0})
+    answers = {}
+    stepping = threading.Thread(
+        target=lambda: answers.update(step=httpx.post(f"{server}/sessions/{sid}/step", json={"reply": "0.5"}))
+    )
+    stepping.start()
+    time.sleep(0.1)
+    assert httpx.delete(f"{server}/sessions/{sid}").status_code == 204
+    stepping.join()
+    assert answers["step"].status_code == 200  # its env was not closed under it
+
+
+def test_an_async_step_that_times_out_is_not_sent_again(server):
+    client = EnvClient(server, timeout=0.4)
+
+    async def play():
+        env = RemoteEnv(server, HANG, client=client)
+        await env.areset(seed=0)
+        with pytest.raises(agentrl.server.EnvServerError, match="Lost the env server"):
+            await env.astep("0.8")
+        return env.session_id
+
+    sid = asyncio.run(play())
+    time.sleep(0.6)
+    assert httpx.get(f"{server}/sessions/{sid}").json()["steps"] == 1  # played once, not replayed
+
+
+def test_the_creation_seed_seeds_only_the_first_reset_and_idle_time_is_reported(server):
+    sid = create(server, seed=3).json()["session_id"]
+    first = httpx.post(f"{server}/sessions/{sid}/reset", json={}).json()
+    second = httpx.post(f"{server}/sessions/{sid}/reset", json={}).json()
+    assert first == httpx.post(f"{server}/sessions/{sid}/reset", json={"seed": 3}).json() and first != second
+    time.sleep(0.3)
+    assert httpx.get(f"{server}/sessions/{sid}").json()["idle_seconds"] >= 0.25
+
+
+def test_no_token_gets_401_before_its_body_is_read_and_an_odd_token_is_just_wrong(guarded):
+    sid = "A" * 43
+    assert httpx.post(f"{guarded}/sessions/{sid}/step", json={"bad": 1}).status_code == 401
+    odd = {"authorization": "Bearer t\u00f6ken"}
+    assert httpx.get(f"{guarded}/envs", headers={k: v.encode() for k, v in odd.items()}).status_code == 401
+
+
+def test_a_unix_socket_server_is_its_owners_alone(tmp_path):
+    import stat
+
+    from agentrl.server.run import private_unix_socket
+
+    sock = private_unix_socket(str(tmp_path / "s.sock"))
+    assert stat.S_IMODE((tmp_path / "s.sock").stat().st_mode) == 0o600
+    sock.close()
