@@ -218,7 +218,8 @@ def make_app(
         session = store.add(body.env_id, env_spec.kind, env, who, body.split)
         session.seed = body.seed
         metrics.created.labels(body.env_id).inc()
-        created = SessionCreated(session_id=session.id, env_id=session.env_id, kind=session.kind)
+        created = SessionCreated(session_id=session.id, env_id=session.env_id, kind=session.kind,
+                                 split_ignored=body.split is not None and not env_spec.takes_split)  # fmt: skip
         return AsciiJSONResponse(created.model_dump(), 201)
 
     @app.get("/sessions/{session_id}", response_model=SessionState)

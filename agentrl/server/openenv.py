@@ -174,10 +174,16 @@ async def _serve_messages(
 ) -> None:
     while True:
         try:
-            text = await asyncio.wait_for(websocket.receive_text(), limits.idle_timeout)
+            frame = await asyncio.wait_for(websocket.receive(), limits.idle_timeout)
         except TimeoutError:
             await websocket.close(code=1000, reason=f"idle for {limits.idle_timeout:g} s")
             return
+        if frame["type"] == "websocket.disconnect":
+            return
+        text = frame.get("text")
+        if text is None:  # a binary frame
+            await _send_error(websocket, "Expected a text frame holding JSON.", "INVALID_JSON")
+            continue
         if store.get(session.id, session.owner) is None:  # the reaper closed it meanwhile
             await _send_error(websocket, "This session expired; connect again.", "SESSION_ERROR")
             await websocket.close()

@@ -27,6 +27,7 @@ import json
 import os
 import random
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -249,6 +250,7 @@ class RemoteEnv(AgentEnv):
         self.tool_format = agent["tool_format"]
         self.action_space = ReplySpace(self.tools, reply_prefix=agent["reply_prefix"])
         self.session_id: str | None = None
+        self._warned_split = False
 
     @property
     def _env_name(self) -> str:
@@ -319,8 +321,14 @@ class RemoteEnv(AgentEnv):
     def _create_body(self) -> dict[str, Any]:
         return {"env_id": self.env_id, "split": self.split, "env_kwargs": self.env_kwargs}
 
-    @staticmethod
-    def _created(data: Any) -> str:
+    def _created(self, data: Any) -> str:
+        if data.get("split_ignored") and not self._warned_split:
+            self._warned_split = True
+            warnings.warn(
+                f"{self.env_id!r} on {self.client.url} takes no split argument, so training and evaluation draw "
+                "from the same tasks; give its constructor a split parameter ('train' / 'test') for held-out evaluation.",
+                stacklevel=3,
+            )
         return str(data["session_id"])
 
     def _seed_locally(self, seed: int | None) -> None:

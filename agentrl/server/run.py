@@ -70,6 +70,7 @@ def serve(
     # No proxy-header rewriting (nothing sits in front by default) and no access log below info:
     # both cost time on every request.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5,
+                            ws_max_size=limits.max_body_bytes,
                             proxy_headers=False, access_log=log_level in ("debug", "trace", "info"))  # fmt: skip
     server = uvicorn.Server(config)
     if uds is None:

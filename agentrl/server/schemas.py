@@ -80,6 +80,7 @@ class SessionCreated(BaseModel):
     session_id: str
     env_id: str
     kind: Literal["single", "parallel", "aec"]
+    split_ignored: bool = Field(default=False, description="a split was asked for, but the env takes none")
 
 
 class ResetRequest(_Body):

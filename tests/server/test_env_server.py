@@ -429,3 +429,23 @@ def test_a_unix_socket_server_is_its_owners_alone(tmp_path):
     sock = private_unix_socket(str(tmp_path / "s.sock"))
     assert stat.S_IMODE((tmp_path / "s.sock").stat().st_mode) == 0o600
     sock.close()
+
+
+class NoSplit(Counter):
+    """A counter without a split argument."""
+
+    def __init__(self):
+        super().__init__()
+
+
+def test_a_split_the_env_does_not_take_is_reported_and_the_client_warns():
+    agentrl.register("test/ServerNoSplit-v0", NoSplit)
+    try:
+        with ServerThread(make_app(["test/ServerNoSplit-v0"])) as url:
+            assert create(url, "test/ServerNoSplit-v0", split="test").json()["split_ignored"] is True
+            assert create(url, "test/ServerNoSplit-v0").json()["split_ignored"] is False
+            env = RemoteEnv(url, "test/ServerNoSplit-v0", split="test")
+            with pytest.warns(UserWarning, match="takes no split argument"):
+                env.reset(seed=0)
+    finally:
+        del gym.registry["test/ServerNoSplit-v0"]
