@@ -157,15 +157,19 @@ class SessionStore:
     async def close(self, session: Session, why: str) -> None:
         """Forget ``session`` and close its env: once a call still running on it has ended (it
         holds the session's lock, at most the step limit), in a thread, with the step limit. A
-        broken env is left to its abandoned thread."""
+        broken env is closed from a thread of its own, not waited for."""
         if self._sessions.pop(session.id, None) is None:
             return
         self.on_close(session, why)
+        if session.broken is not None:
+            # Its env may still be busy in an abandoned thread: close it from another one, without
+            # waiting, so what it holds (a sandbox, say) is freed even if that call never returns.
+            ENV_THREADS.submit(lambda: close_quietly(session.env))
+            return
         try:
             async with asyncio.timeout(2 * self.limits.step_timeout):
                 async with session.lock:  # no call can start on it now: it is out of the store
-                    if session.broken is None:
-                        await ENV_THREADS.run(lambda: close_quietly(session.env))
+                    await ENV_THREADS.run(lambda: close_quietly(session.env))
         except TimeoutError:
             pass
 

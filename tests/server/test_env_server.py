@@ -449,3 +449,17 @@ def test_a_split_the_env_does_not_take_is_reported_and_the_client_warns():
                 env.reset(seed=0)
     finally:
         del gym.registry["test/ServerNoSplit-v0"]
+
+
+def test_a_broken_sessions_env_is_closed_when_the_session_goes():
+    import threading
+
+    app = make_app([HANG], limits=ServerLimits(step_timeout=0.5))
+    with ServerThread(app) as url:
+        sid = create(url, HANG).json()["session_id"]
+        httpx.post(f"{url}/sessions/{sid}/reset", json={"seed": 0})
+        closed = threading.Event()
+        app.state.store.get(sid, "").env.close = closed.set
+        assert httpx.post(f"{url}/sessions/{sid}/step", json={"reply": "1.5"}).status_code == 504
+        assert httpx.delete(f"{url}/sessions/{sid}").status_code == 204
+        assert closed.wait(5)  # closed although its step still runs in an abandoned thread
