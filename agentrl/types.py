@@ -129,6 +129,10 @@ class Trajectory:
     prompt_length: int = 0
     turn_ends: list[int] = field(default_factory=list)
     turn_rewards: list[float] = field(default_factory=list)
+    turn_states: list[str] = field(default_factory=list)
+    """The state each turn answered, as a key: the env's ``info["state_key"]`` for the observation
+    before the turn, else a digest of that observation's messages (GiGPO's anchor states; empty in
+    trajectories recorded without them)."""
     reward: float = 0.0
     messages: list[Message] = field(default_factory=list)
     env_id: str = ""
@@ -158,6 +162,11 @@ class Trajectory:
             raise ValueError(
                 f"Trajectory has {len(self.turn_ends)} turn_ends but {len(self.turn_rewards)} "
                 "turn_rewards; give one reward per generated turn."
+            )
+        if self.turn_states and len(self.turn_states) != len(self.turn_ends):
+            raise ValueError(
+                f"Trajectory has {len(self.turn_ends)} turn_ends but {len(self.turn_states)} turn_states; give "
+                "one state key per generated turn, or none."
             )
 
     @property

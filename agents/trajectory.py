@@ -22,6 +22,8 @@ re-tokenised). :meth:`TrajectoryBuilder.finish` returns the validated
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -67,6 +69,7 @@ class TrajectoryBuilder:
         # was closed, its ids), so that add_observation for equal messages does not render and
         # encode them a second time.
         self._rendered: tuple[list[tuple[Any, ...]], bool, list[int]] | None = None
+        self._state = ""  # the key of the state the next turn answers (Trajectory.turn_states)
         # What may come next: "start", then "turn" and "observation" alternately, then "finished".
         self._expect = "start"
 
@@ -103,9 +106,11 @@ class TrajectoryBuilder:
         self._rendered = (_snapshot(extra), self._turn_closed, ids)
         return self.length + len(ids) > self.max_length
 
-    def start(self, messages: Sequence[Message]) -> list[int]:
-        """Begin with the first observation; return the prompt ids."""
+    def start(self, messages: Sequence[Message], state_key: str | None = None) -> list[int]:
+        """Begin with the first observation; return the prompt ids. ``state_key`` names the state
+        it shows (the env's ``info["state_key"]``; a digest of the messages by default)."""
         self._check_order("start")
+        self._state = state_key if state_key is not None else observation_key(messages)
         ids = self.agent.prompt_ids(messages)
         self._append_context(ids)
         self._trajectory.prompt_length = len(ids)
@@ -153,6 +158,7 @@ class TrajectoryBuilder:
         trajectory.versions.extend(map(int, versions))
         trajectory.turn_ends.append(len(trajectory.token_ids) - 1)
         trajectory.turn_rewards.append(0.0)
+        trajectory.turn_states.append(self._state)
         trajectory.messages.append(message)
         if not self._turn_closed:
             self._cut_turns.append(trajectory.turns)
@@ -160,10 +166,14 @@ class TrajectoryBuilder:
         self._expect = "observation"
         return message
 
-    def add_observation(self, messages: Sequence[Message], reward: float = 0.0) -> list[int]:
+    def add_observation(
+        self, messages: Sequence[Message], reward: float = 0.0, state_key: str | None = None
+    ) -> list[int]:
         """Append the env's answer to the last turn (an empty list if it sent nothing but the
-        episode goes on) and add ``reward`` to that turn; return the appended ids."""
+        episode goes on) and add ``reward`` to that turn; return the appended ids. ``state_key``
+        names the state the next turn answers (as in :meth:`start`)."""
         self._check_order("observation")
+        self._state = state_key if state_key is not None else observation_key(messages)
         rendered, self._rendered = self._rendered, None
         if rendered is not None and rendered[1] == self._turn_closed and rendered[0] == _snapshot(messages):
             ids = rendered[2]
@@ -242,6 +252,13 @@ class TrajectoryBuilder:
             "finished": "the episode is finished; start a new TrajectoryBuilder",
         }
         raise RuntimeError(f"Cannot {step} here: {hints[self._expect]}.")
+
+
+def observation_key(messages: Sequence[Message]) -> str:
+    """A short digest of an observation's messages: equal observations, equal keys (GiGPO's
+    default anchor state)."""
+    text = json.dumps([[m.role, m.content, m.name] for m in messages], ensure_ascii=True)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def _snapshot(messages: Sequence[Message]) -> list[tuple[Any, ...]]:

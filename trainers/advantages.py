@@ -201,6 +201,102 @@ def turn_rloo_advantages(returns: torch.Tensor, num_turns: torch.Tensor, group_i
     return _per_turn(rloo_advantages, returns, num_turns, group_index)
 
 
+def discounted_turn_returns(turn_rewards: torch.Tensor, num_turns: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Discounted returns to go per turn, ``[B, K]``: ``G_k = r_k + gamma * G_{k+1}``, counted in
+    turns (GiGPO's step returns); 0 past each trajectory's ``num_turns``.
+
+    >>> discounted_turn_returns(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([3]), gamma=0.5)
+    tensor([[0.2500, 0.5000, 1.0000]])
+    """
+    if turn_rewards.ndim != 2 or num_turns.shape != (turn_rewards.shape[0],):
+        raise ValueError(
+            f"turn_rewards must be [B, K] with num_turns [B], got {tuple(turn_rewards.shape)} and {tuple(num_turns.shape)}."
+        )
+    valid = torch.arange(turn_rewards.shape[1], device=turn_rewards.device)[None, :] < num_turns[:, None]
+    rewards = torch.where(valid, turn_rewards.to(torch.float32), 0.0)
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0], dtype=torch.float32, device=rewards.device)
+    for turn in range(rewards.shape[1] - 1, -1, -1):
+        running = rewards[:, turn] + gamma * running
+        returns[:, turn] = running
+    return torch.where(valid, returns, 0.0)
+
+
+def step_group_advantages(
+    returns: torch.Tensor,
+    states: torch.Tensor,
+    group_index: torch.Tensor,
+    *,
+    scale: Scale = "group",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GiGPO's step-level advantage (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM
+    Agent Training"), ``[B, K]``: the turns of one group's episodes that answered the same state
+    (an *anchor state*: equal ``states`` within equal ``group_index``) form a step group, and each
+    turn's return to go is compared with its step group's: minus their mean, divided by their std
+    with ``scale="group"`` (not with ``"none"``). A turn alone in its step group, and a turn with
+    state -1 (none recorded, or past the trajectory's end), gets 0.
+
+    >>> step_group_advantages(torch.tensor([[1.0, 1.0], [0.0, 0.5]]), torch.tensor([[0, 1], [0, 2]]),
+    ...                       torch.tensor([0, 0]), scale="none")
+    tensor([[ 0.5000,  0.0000],
+            [-0.5000,  0.0000]])
+    """
+    if scale not in ("group", "none"):
+        raise ValueError(
+            f"step_group_advantages scales by its step group's std ('group') or not ('none'), got {scale!r}."
+        )
+    if returns.shape != states.shape or returns.ndim != 2 or group_index.shape != (returns.shape[0],):
+        raise ValueError(
+            f"returns and states must both be [B, K] with group_index [B], got {tuple(returns.shape)}, "
+            f"{tuple(states.shape)} and {tuple(group_index.shape)}."
+        )
+    advantages = torch.zeros(returns.shape, dtype=torch.float32, device=returns.device)
+    valid = states >= 0
+    if not valid.any():
+        return advantages
+    groups = group_index[:, None].expand_as(states)
+    keys = torch.stack([groups[valid], states[valid]], dim=-1)
+    _, anchor = torch.unique(keys, dim=0, return_inverse=True)
+    values = returns[valid].to(torch.float32)
+    count = torch.zeros(int(anchor.max()) + 1, dtype=torch.float32, device=returns.device).scatter_add_(
+        0, anchor, torch.ones_like(values)
+    )
+    mean = torch.zeros_like(count).scatter_add_(0, anchor, values) / count
+    centred = values - mean[anchor]
+    if scale == "group":
+        variance = torch.zeros_like(count).scatter_add_(0, anchor, centred**2) / (count - 1).clamp(min=1)
+        centred = centred / (variance.sqrt()[anchor] + eps)
+    advantages[valid] = torch.where(count[anchor] > 1, centred, 0.0)
+    return advantages
+
+
+def gigpo_advantages(
+    episode_returns: torch.Tensor,
+    step_returns: torch.Tensor,
+    states: torch.Tensor,
+    num_turns: torch.Tensor,
+    group_index: torch.Tensor,
+    *,
+    step_weight: float = 1.0,
+    scale: Scale = "group",
+) -> torch.Tensor:
+    """GiGPO's advantage per turn, ``[B, K]``: the episode-level group advantage (GRPO's, of the
+    episode returns, the same for every turn of an episode) plus ``step_weight`` times the
+    step-level advantage among turns that answered the same anchor state
+    (:func:`step_group_advantages` of ``step_returns``); 0 past each trajectory's ``num_turns``.
+
+    >>> gigpo_advantages(torch.tensor([1.0, 0.0]), torch.tensor([[1.0, 1.0], [0.0, 0.5]]),
+    ...                  torch.tensor([[0, 1], [0, 2]]), torch.tensor([2, 2]), torch.tensor([0, 0]), scale="none")
+    tensor([[ 1.0000,  0.5000],
+            [-1.0000, -0.5000]])
+    """
+    episode = group_advantages(episode_returns, group_index, scale=scale)
+    valid = torch.arange(states.shape[1], device=states.device)[None, :] < num_turns[:, None]
+    step = step_group_advantages(step_returns, torch.where(valid, states, -1), group_index, scale=scale)
+    return torch.where(valid, episode[:, None] + step_weight * step, 0.0)
+
+
 def expand_turns_to_tokens(turn_advantages: torch.Tensor, turn_index: torch.Tensor) -> torch.Tensor:
     """Give each generated token its turn's advantage: ``[B, K]`` to ``[B, T]`` by ``turn_index``,
     0 where ``turn_index`` is -1.
@@ -345,6 +441,7 @@ class AdvantageEstimator(Protocol):
         scale: Scale | None,
         whiten: bool,
         returns: Returns,
+        step_weight: float,
     ) -> Advantages: ...
 
 
@@ -437,8 +534,39 @@ def _gae(
     return Advantages(masked_whiten(advantages, batch.loss_mask) if whiten else advantages, returns)
 
 
+def _gigpo(
+    batch: Batch,
+    values: torch.Tensor | None,
+    *,
+    token_rewards: torch.Tensor,
+    gamma: float,
+    scale: Scale | None,
+    step_weight: float = 1.0,
+    **_: object,
+) -> Advantages:
+    num_turns = (batch.turn_index.amax(-1) + 1).clamp(min=0)
+    most = int(num_turns.max().item()) if len(batch) else 0
+    states = batch.turn_states if batch.turn_states is not None else torch.full((len(batch), most), -1)
+    states = (
+        states[:, :most]
+        if states.shape[1] >= most
+        else torch.nn.functional.pad(states, (0, most - states.shape[1]), value=-1)
+    )
+    per_turn = torch.zeros((len(batch), most), dtype=torch.float32, device=token_rewards.device)
+    if most:
+        per_token = torch.where(batch.turn_index >= 0, token_rewards.to(torch.float32), 0.0)
+        per_turn.scatter_add_(1, batch.turn_index.clamp(min=0), per_token)
+    step_returns = discounted_turn_returns(per_turn, num_turns, gamma)
+    advantages = gigpo_advantages(
+        batch.rewards, step_returns, states.to(token_rewards.device), num_turns, batch.group_index,
+        step_weight=step_weight, scale=scale or "group",
+    )  # fmt: skip
+    return Advantages(expand_turns_to_tokens(advantages, batch.turn_index))
+
+
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": _grpo,
+    "gigpo": _gigpo,
     "dr_grpo": _dr_grpo,
     "rloo": _rloo,
     "reinforce_pp": _reinforce_pp,
@@ -458,19 +586,21 @@ def estimate_advantages(
     token_rewards: torch.Tensor | None = None,
     whiten: bool = True,
     returns: Returns = "episode",
+    step_weight: float = 1.0,
 ) -> Advantages:
     """The :class:`Advantages` of ``batch`` by the estimator called ``name``: ``[B, T]`` advantages
     (0 off generated tokens) and, from ``gae``, the critic's ``[B, T]`` returns (None otherwise).
 
     Args:
         name: a key of :data:`ADVANTAGE_ESTIMATORS`: ``grpo``, ``dr_grpo``, ``rloo``,
-            ``reinforce_pp`` or ``gae``.
+            ``reinforce_pp``, ``gae`` or ``gigpo``.
         batch: the whole batch (group baselines need every member of a group: estimate before
             splitting into micro-batches).
         values: the critic's ``[B, T]`` values, aligned with the tokens; only ``gae`` reads them
             (and needs them), and returns the critic's targets (advantages before whitening plus
             values).
-        gamma: discount per generated token (``reinforce_pp``, ``gae``).
+        gamma: discount per generated token (``reinforce_pp``, ``gae``); per turn for ``gigpo``'s
+            step returns.
         lam: GAE's lambda.
         scale: ``grpo``'s scaling (``group`` when unset); ``dr_grpo`` allows only ``none``; the
             other estimators ignore it.
@@ -483,7 +613,8 @@ def estimate_advantages(
             each trajectory's return, for all its tokens; ``"turn"``, each turn's return to go
             (:func:`turn_returns`), compared with the same turn of the group's other members and
             given to that turn's tokens. ``reinforce_pp`` and ``gae`` are token-level already and
-            ignore it.
+            ignore it; ``gigpo`` has both levels of its own.
+        step_weight: ``gigpo``'s weight of the step-level advantage (the paper's omega).
 
     Raises:
         ValueError: for an unknown name (with the closest known one), an unknown ``returns``,
@@ -508,4 +639,5 @@ def estimate_advantages(
         scale=scale,
         whiten=whiten,
         returns=returns,
+        step_weight=step_weight,
     )

@@ -64,6 +64,9 @@ class Batch:
     Turn-level returns (``returns="turn"``) read it with ``token_rewards``."""
     group_ids: tuple[str, ...] = ()
     """The ``group_id`` string of each group index (``group_ids[group_index[i]]``)."""
+    turn_states: torch.Tensor | None = None
+    """``[B, K]`` long: each turn's state (``Trajectory.turn_states``) as a number, equal numbers for
+    equal keys across the batch; -1 past a trajectory's turns or where it recorded no states (GiGPO)."""
     # What the trainer attaches before its update, each [B, T] and 0 off generated tokens.
     old_logprobs: torch.Tensor | None = None
     """The policy's log-probs before the update, when the batch feeds several updates (PPO epochs,
@@ -169,6 +172,9 @@ def collate(
     turn_index = torch.full((batch_size, width), -1, dtype=torch.long)
     group_numbers: dict[str, int] = {}
     group_index = []
+    most_turns = max((len(t.turn_ends) for t in trajectories), default=0)
+    turn_states = torch.full((batch_size, most_turns), -1, dtype=torch.long)
+    state_numbers: dict[str, int] = {}
     for row, trajectory in enumerate(trajectories):
         n = lengths[row]
         input_ids[row, :n] = torch.tensor(trajectory.token_ids, dtype=torch.long)
@@ -182,6 +188,8 @@ def collate(
             turn_index[row, start : end + 1] = turn
             start = end + 1
         group_index.append(group_numbers.setdefault(trajectory.group_id, len(group_numbers)))
+        for turn, key in enumerate(trajectory.turn_states):
+            turn_states[row, turn] = state_numbers.setdefault(key, len(state_numbers))
 
     return Batch(
         input_ids=input_ids,
@@ -195,6 +203,7 @@ def collate(
         lengths=torch.tensor(lengths, dtype=torch.long),
         turn_index=torch.where(loss_mask > 0, turn_index, -1),
         group_ids=tuple(group_numbers),
+        turn_states=turn_states,
     )
 
 

@@ -44,7 +44,7 @@ from agentrl.trainers.losses import aggregate, kl_estimate, kl_penalty_rewards, 
 from agentrl.trainers.models import ValueModel, generated_logprobs, inference_state_dict
 from agentrl.types import Trajectory
 
-Algorithm = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo"]
+Algorithm = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo", "gigpo"]
 
 ESTIMATOR_OF: dict[str, str] = {"ppo": "gae"}
 """The advantage estimator of an algorithm whose name is not an estimator's: PPO's critic-based
@@ -108,7 +108,9 @@ class TrainerConfig:
     the distribution the engine sampled from and reported (as TRL and verl do). ``agentrl train`` fills
     it in from rollout.temperature; None elsewhere means 1."""
     gamma: float = 1.0
-    """Discount over tokens (PPO, REINFORCE++)."""
+    """Discount over tokens (PPO, REINFORCE++); over turns for GiGPO's step returns."""
+    step_weight: float = 1.0
+    """GiGPO: the weight of the step-level advantage (among turns that answered the same state) added to the episode-level one."""
     lam: float = 0.95
     """GAE lambda (PPO)."""
     value_lr: float = 1e-5
@@ -364,6 +366,7 @@ class Trainer:
             lam=config.lam,
             scale=config.scale_rewards,
             returns=config.returns,
+            step_weight=config.step_weight,
         )
         return replace(batch, advantages=estimated.advantages, returns=estimated.returns)
 

@@ -198,8 +198,8 @@ async def _play(
     clock: EpisodeClock,
 ) -> None:
     clock.start_call()
-    observation, _ = await env.areset(seed=seed, options=options)
-    builder.start(observation)
+    observation, reset_info = await env.areset(seed=seed, options=options)
+    builder.start(observation, state_key=_state_key(reset_info))
     turn_sampling = turn_sampling_of(sampling, builder.agent)
     for turn in range(limits.max_turns):
         room = builder.room_left
@@ -225,8 +225,14 @@ async def _play(
             builder.add_final_observation(result.observation, float(result.reward))
             state.truncated, state.info["truncated_by"] = True, "max_length"
             return
-        builder.add_observation(result.observation, float(result.reward))
+        builder.add_observation(result.observation, float(result.reward), state_key=_state_key(result.info))
     state.truncated, state.info["truncated_by"] = True, "max_turns"
+
+
+def _state_key(info: Any) -> str | None:
+    """The env's own name for the state it shows (``info["state_key"]``), if it gives one (GiGPO)."""
+    key = info.get("state_key") if isinstance(info, dict) else None
+    return None if key is None else str(key)
 
 
 def turn_sampling_of(sampling: Sampling, agent: ChatAgent) -> Sampling:
