@@ -30,6 +30,7 @@ def first_turns(trajectory: Trajectory, turns: int) -> Trajectory:
         versions=trajectory.versions[:end],
         turn_ends=trajectory.turn_ends[:turns],
         turn_rewards=rewards,
+        turn_states=trajectory.turn_states[:turns],
         reward=sum(rewards),
         turns=turns,
     )
@@ -59,6 +60,7 @@ def one_turn(trajectory: Trajectory, turn: int) -> Trajectory:
         prompt_length=start,
         turn_ends=[end - 1],
         turn_rewards=[reward],
+        turn_states=trajectory.turn_states[turn : turn + 1],
         reward=reward,
         turns=1,
     )

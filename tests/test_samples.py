@@ -216,3 +216,11 @@ def test_waltz_samples_skips_an_agent_that_did_not_act(agent):
 def test_waltz_samples_refuses_a_share_outside_zero_one(agent, share):
     with pytest.raises(ValueError, match=r"revised_share must be in \[0, 1\]"):
         waltz_samples(waltz_episode(agent, ["a"], ["v"]), revised_share=share)
+
+
+def test_cut_samples_keep_the_state_keys_of_the_turns_they_keep(agent):
+    trajectory = build(agent)
+    assert len(trajectory.turn_states) == 3
+    assert first_turns(trajectory, 2).turn_states == trajectory.turn_states[:2]
+    assert one_turn(trajectory, 1).turn_states == [trajectory.turn_states[1]]
+    one_turn(trajectory, 2).validate()
