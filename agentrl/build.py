@@ -18,12 +18,10 @@ tokenizer of the policy it maps to.
 
 from __future__ import annotations
 
-import inspect
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from gymnasium.envs.registration import load_env_creator
 from transformers import AutoTokenizer
 
 from agentrl.agents.chat import ChatAgent
@@ -33,7 +31,7 @@ from agentrl.mapping import MappingPreset, policy_mapping
 from agentrl.model_paths import DEFAULT_MODEL, resolve_model
 from agentrl.policies import Policy, Sampling
 from agentrl.policies import make_policy as make_backend
-from agentrl.registry import MultiAgentEnv, is_multiagent, make, make_multiagent, spec
+from agentrl.registry import MultiAgentEnv, is_multiagent, make, make_multiagent, takes_kwarg
 from agentrl.rollout import EpisodeLimits, MultiAgentRolloutEngine, RolloutEngine, close_quietly
 from agentrl.server.remote import remote_env_factory
 from agentrl.trainers.models import ValueModel, load_policy_model, load_reference_model, pad_token_id
@@ -117,7 +115,7 @@ def env_factory(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Cal
     training and evaluation then draw from the same tasks.
     """
     kwargs = dict(env_kwargs or {})
-    if "split" in kwargs and not _takes(env_id, "split"):
+    if "split" in kwargs and not takes_kwarg(env_id, "split"):
         warnings.warn(
             f"{env_id!r} takes no split argument, so training and evaluation draw from the same tasks; "
             "give its constructor a split parameter ('train' / 'test') for held-out evaluation.",
@@ -125,20 +123,6 @@ def env_factory(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Cal
         )
         del kwargs["split"]
     return lambda: as_agent_env(make(env_id, **kwargs))  # adapted here too: the probe env is read before the engine
-
-
-def _takes(env_id: str, name: str) -> bool:
-    """Does the constructor of ``env_id`` take a keyword argument ``name``?"""
-    env_spec = spec(env_id)
-    if name in env_spec.kwargs:
-        return True
-    entry_point = env_spec.entry_point
-    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
-    try:
-        parameters = inspect.signature(creator).parameters.values()
-    except (TypeError, ValueError):  # a builtin or C callable: assume it does, and let it say otherwise
-        return True
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def build_engine(

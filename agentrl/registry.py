@@ -29,6 +29,7 @@ if it is one, else the closest ids.
 from __future__ import annotations
 
 import importlib.metadata
+import inspect
 import logging
 import warnings
 from collections.abc import Callable
@@ -255,6 +256,22 @@ def make_multiagent(id: str, *, api: Literal["parallel", "aec"] | None = None, *
             )
         return aec_to_parallel(env)
     raise TypeError(f"The entry point of {id!r} built a {type(env).__name__}, not a PettingZoo env.")
+
+
+def takes_kwarg(id: str, name: str) -> bool:
+    """Does the constructor of the env registered as ``id`` (single- or multi-agent) take a
+    keyword argument ``name``? A registered default counts; a constructor whose signature cannot
+    be read (a builtin) is assumed to, and left to say otherwise."""
+    registered = multiagent_spec(id) if is_multiagent(id) else spec(id)
+    if name in registered.kwargs:
+        return True
+    entry_point = registered.entry_point
+    creator = load_env_creator(entry_point) if isinstance(entry_point, str) else entry_point
+    try:
+        parameters = inspect.signature(creator).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 # --- unknown ids -----------------------------------------------------------------------------------

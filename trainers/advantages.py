@@ -128,13 +128,26 @@ def turn_returns(token_rewards: torch.Tensor, turn_index: torch.Tensor) -> torch
             f"token_rewards and turn_index must both be [B, T], got shapes {tuple(token_rewards.shape)} "
             f"and {tuple(turn_index.shape)}."
         )
-    num_turns = int(turn_index.max().item()) + 1 if turn_index.numel() else 0  # 0 when all are -1
+    return per_turn_rewards(token_rewards, turn_index).flip(-1).cumsum(-1).flip(-1)
+
+
+def per_turn_rewards(
+    token_rewards: torch.Tensor, turn_index: torch.Tensor, num_turns: int | None = None
+) -> torch.Tensor:
+    """Each turn's reward, ``[B, K]``: the sum of ``token_rewards`` over the tokens of the turn
+    (``K``: ``num_turns``, else the most turns any trajectory has); -1 tokens are ignored.
+
+    >>> per_turn_rewards(torch.tensor([[0.0, 1.0, 0.0, 2.0]]), torch.tensor([[-1, 0, -1, 1]]))
+    tensor([[1., 2.]])
+    """
+    if num_turns is None:
+        num_turns = int(turn_index.max().item()) + 1 if turn_index.numel() else 0  # 0 when all are -1
     rewards = torch.zeros((turn_index.shape[0], num_turns), dtype=torch.float32, device=token_rewards.device)
     if num_turns == 0:
         return rewards
     per_token = torch.where(turn_index >= 0, token_rewards.to(torch.float32), 0.0)
     rewards.scatter_add_(1, turn_index.clamp(min=0), per_token)  # -1 positions add their 0 to turn 0
-    return rewards.flip(-1).cumsum(-1).flip(-1)
+    return rewards
 
 
 def _per_turn(
@@ -552,11 +565,7 @@ def _gigpo(
         if states.shape[1] >= most
         else torch.nn.functional.pad(states, (0, most - states.shape[1]), value=-1)
     )
-    per_turn = torch.zeros((len(batch), most), dtype=torch.float32, device=token_rewards.device)
-    if most:
-        per_token = torch.where(batch.turn_index >= 0, token_rewards.to(torch.float32), 0.0)
-        per_turn.scatter_add_(1, batch.turn_index.clamp(min=0), per_token)
-    step_returns = discounted_turn_returns(per_turn, num_turns, gamma)
+    step_returns = discounted_turn_returns(per_turn_rewards(token_rewards, batch.turn_index, most), num_turns, gamma)
     advantages = gigpo_advantages(
         batch.rewards, step_returns, states.to(token_rewards.device), num_turns, batch.group_index,
         step_weight=step_weight, scale=scale or "group",

@@ -35,7 +35,6 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
-import inspect
 import json
 import logging
 import re
@@ -51,7 +50,7 @@ from pettingzoo import AECEnv, ParallelEnv
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from agentrl.env import AgentEnv, as_agent_env
-from agentrl.registry import is_multiagent, make, make_multiagent, multiagent_spec, spec
+from agentrl.registry import is_multiagent, make, make_multiagent, takes_kwarg
 from agentrl.server.schemas import (
     AECResponse,
     AgentSpec,
@@ -293,7 +292,6 @@ async def play_step(
 def describe_env(env_id: str, allow_kwargs: Collection[str] = ()) -> EnvSpec:
     """What ``GET /envs`` says of ``env_id``: a probe env is made (and closed) to read its tools."""
     if is_multiagent(env_id):
-        creator = multiagent_spec(env_id).entry_point
         probe = make_multiagent(env_id)
         try:
             kind: EnvKind = "parallel" if isinstance(probe, ParallelEnv) else "aec"
@@ -302,7 +300,6 @@ def describe_env(env_id: str, allow_kwargs: Collection[str] = ()) -> EnvSpec:
         finally:
             probe.close()
     else:
-        creator = spec(env_id).entry_point
         probe = as_agent_env(make(env_id))
         try:
             kind = "single"
@@ -312,7 +309,7 @@ def describe_env(env_id: str, allow_kwargs: Collection[str] = ()) -> EnvSpec:
             probe.close()
     return EnvSpec(
         id=env_id, kind=kind, description=description, agents=agents,
-        env_kwargs=sorted(allow_kwargs), takes_split=_takes_split(creator),
+        env_kwargs=sorted(allow_kwargs), takes_split=takes_kwarg(env_id, "split"),
     )  # fmt: skip
 
 
@@ -499,18 +496,6 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, list):
         return [s for v in value for s in _strings(v)]
     return []
-
-
-def _takes_split(creator: Any) -> bool:
-    if isinstance(creator, str):
-        from gymnasium.envs.registration import load_env_creator  # noqa: PLC0415  (gymnasium's loader)
-
-        creator = load_env_creator(creator)
-    try:
-        parameters = inspect.signature(creator).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return any(p.name == "split" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def _messages(observation: Any) -> list[dict[str, Any]]:
