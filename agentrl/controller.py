@@ -241,7 +241,7 @@ class Controller:
     async def _train_on(self, groups: list[list[Trajectory]], rollout_seconds: float) -> None:
         config, state = self.config, self.state
         trajectories = [t for group in groups for t in group]
-        metrics = await asyncio.to_thread(self.trainer.step, trajectories)
+        metrics = await asyncio.to_thread(self.trainer.step, trajectories, self.buffer.version)
         synced = time.perf_counter()
         version = await self.policy.aupdate_weights(self.trainer.inference_weights())
         metrics["perf/time_sync"] = time.perf_counter() - synced
@@ -322,6 +322,7 @@ class Controller:
             seed=EVAL_SEED_OFFSET + rollout.seed,
         )
         self.progress.on_phase(f"evaluating (step {step})", self.config.eval_episodes)
+        started = time.perf_counter()
         played: list[Trajectory] = []
         try:
             async for trajectory in engine.stream(self.config.eval_episodes):
@@ -340,6 +341,7 @@ class Controller:
             "eval/reward_mean": summary["rollout/reward_mean"],
             "eval/episodes": float(engine.stats.episodes),
             "eval/failed": float(engine.stats.failed),
+            "eval/seconds": time.perf_counter() - started,
         }
         self.metrics.log(step, result)
         return result

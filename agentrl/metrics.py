@@ -63,10 +63,19 @@ METRICS: Mapping[str, str] = {
     "train/clip_fraction": "share of generated tokens whose probability ratio was clipped",
     "train/approx_kl": "k3 estimate of KL(behaviour policy || updated policy) on generated tokens: how far the update moved",
     "train/engine_logprob_gap": (
-        "mean |trainer log-prob - engine log-prob| over generated tokens, in the loss's forward pass: about 0 on-policy "
-        "(one epoch, one mini-batch, no staleness); more means the trainer scores another distribution than the "
-        "engine sampled from (temperature, dtype, weights out of sync) or staleness"
+        "mean |trainer log-prob - engine log-prob| over the generated tokens sampled by the weights being trained, in "
+        "the loss's forward pass: about 0 (one epoch, one mini-batch); more means the trainer scores another "
+        "distribution than the engine sampled from (temperature, dtype, weights out of sync). Absent from a step "
+        "whose tokens are all stale"
     ),
+    "train/policy_lag_logprob_gap": (
+        "the same gap over the tokens sampled by an older policy version (max_staleness > 0): how far the policy "
+        "moved since they were sampled (the engine mismatch, about 1e-6, included). Absent from an on-policy step"
+    ),
+    "train/stale_token_fraction": "share of the trained generated tokens sampled by an older policy version",
+    "train/corrected": "1 when this step's loss applied an off-policy correction (trainer.correction), else 0",
+    "train/is_weight_mean": "mean importance weight exp(trainer - engine log-prob) after truncation, on corrected steps",
+    "train/is_capped_fraction": "share of tokens whose importance weight exceeded trainer.is_cap (clamped: tis; dropped: decoupled)",
     "train/grad_norm": "global gradient norm before clipping",
     "train/lr": "learning rate used by this step",
     "train/advantage_mean": "mean advantage over generated tokens (near 0 for group-normalised estimators)",
@@ -90,6 +99,7 @@ METRICS: Mapping[str, str] = {
     # Evaluation on the held-out split (before training, every few steps, after training).
     "eval/success_rate": 'share of held-out episodes whose final `info["success"]` was true',
     "eval/reward_mean": "mean episode return on the held-out split",
+    "eval/seconds": "wall time of this evaluation (time a training step did not use)",
     "eval/episodes": "held-out episodes played",
     "eval/failed": "held-out episodes that ended with an error",
     "eval/vs_base_success_rate": (

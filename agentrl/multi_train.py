@@ -645,7 +645,7 @@ class MultiController:
         trajectories = [t for group in groups for t in group]
         started = time.perf_counter()
         async with lane.lock:
-            metrics = await asyncio.to_thread(lane.trainer.step, trajectories)
+            metrics = await asyncio.to_thread(lane.trainer.step, trajectories, lane.buffer.version)
             synced = time.perf_counter()
             version = await lane.policy.aupdate_weights(lane.weights())
             metrics["perf/time_sync"] = time.perf_counter() - synced

@@ -50,6 +50,10 @@ ESTIMATOR_OF: dict[str, str] = {"ppo": "gae"}
 """The advantage estimator of an algorithm whose name is not an estimator's: PPO's critic-based
 advantages (and the critic's targets) are GAE's. Every other algorithm is its estimator's name."""
 
+STALE_CORRECTION: Literal["tis", "decoupled"] = "decoupled"
+"""What ``correction="auto"`` applies to a batch with stale tokens (docs/algorithms.md has the
+comparison at max_staleness 1 and 2 that picked it)."""
+
 
 @dataclass
 class TrainerConfig:
@@ -99,8 +103,11 @@ class TrainerConfig:
     """KL estimator (Schulman): k1 = log-ratio, k3 = unbiased and positive."""
     kl_in_reward: bool = False
     """Put the KL penalty into the token rewards (PPO/REINFORCE++ style) instead of the loss."""
-    correction: Literal["none", "tis", "decoupled"] = "none"
-    """Off-policy correction with the behaviour log-probs: truncated importance sampling or decoupled PPO."""
+    correction: Literal["auto", "none", "tis", "decoupled"] = "auto"
+    """Off-policy correction with the engine's behaviour log-probs: truncated importance sampling or
+    decoupled PPO; ``auto`` applies ``STALE_CORRECTION`` to a batch holding tokens sampled by an older
+    policy version than the weights it trains (``step(..., version=)``, which ``agentrl train`` passes)
+    and none to an on-policy batch."""
     is_cap: float = 2.0
     """Truncation of the importance weight for tis / decoupled."""
     temperature: float | None = None
@@ -202,11 +209,21 @@ class Trainer:
 
     # --- the step --------------------------------------------------------------------------------
 
-    def step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
-        """One update on these trajectories (whole groups); returns ``train/...`` metrics."""
+    def step(self, trajectories: Sequence[Trajectory], version: int | None = None) -> dict[str, float]:
+        """One update on these trajectories (whole groups); returns ``train/...`` metrics.
+
+        ``version`` is the engine's tag of the weights the trainer holds now (the version the last
+        weight sync produced): tokens tagged lower were sampled by an older policy. It picks the
+        ``auto`` correction and splits the log-prob gap into engine mismatch and policy lag; without
+        it every token counts as sampled by the current weights."""
         started = time.perf_counter()
         config = self.config
         batch = collate(trajectories, self.pad_token_id).to(self.device)
+        stale = _stale_tokens(batch, version)
+        correction = config.correction
+        if correction == "auto":
+            stale_tokens = _all_sum(stale.sum().to("cpu", torch.float64))  # every process decides alike
+            correction = STALE_CORRECTION if float(stale_tokens) > 0 else "none"
         reuse = config.epochs > 1 or config.mini_batches > 1
         with torch.no_grad():
             batch = replace(
@@ -219,22 +236,33 @@ class Trainer:
         self.last_advantages = batch.advantages.detach().cpu() if batch.advantages is not None else None
 
         totals: dict[str, float] = {}
+        gaps = torch.zeros(4, dtype=torch.float64)  # |trainer - engine log-prob| sums and token counts: fresh, stale
         for _ in range(config.epochs):
             order = torch.randperm(len(batch)) if config.mini_batches > 1 else torch.arange(len(batch))
             for rows in order.chunk(config.mini_batches):
-                for name, value in self._update(batch.select(rows)).items():
+                sums, mini_gaps = self._update(batch.select(rows), stale[rows], correction)
+                gaps += mini_gaps
+                for name, value in sums.items():
                     totals[name] = totals.get(name, 0.0) + value
         updates = config.epochs * config.mini_batches
         metrics = {name: value / updates for name, value in totals.items()}
+        gaps = _all_sum(gaps)
+        if gaps[1] > 0:  # tokens sampled by the weights being trained: where engine and trainer disagree
+            metrics["train/engine_logprob_gap"] = float(gaps[0] / gaps[1])
+        if gaps[3] > 0:  # tokens sampled by an older version: the policy's lag (engine mismatch included)
+            metrics["train/policy_lag_logprob_gap"] = float(gaps[2] / gaps[3])
         self.step_count += 1
         metrics.update(_batch_metrics(batch))
+        metrics["train/stale_token_fraction"] = float((stale & (batch.loss_mask > 0)).sum()) / max(batch.num_tokens, 1)
+        metrics["train/corrected"] = float(correction != "none")
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["perf/time_train"] = time.perf_counter() - started
         metrics["perf/train_tokens_per_s"] = int(batch.attention_mask.sum()) / metrics["perf/time_train"]
         return metrics
 
-    def _update(self, mini: Batch) -> dict[str, float]:
-        """Accumulate gradients over micro-batches, then one optimizer step."""
+    def _update(self, mini: Batch, stale: torch.Tensor, correction: str) -> tuple[dict[str, float], torch.Tensor]:
+        """Accumulate gradients over micro-batches, then one optimizer step; returns the metric sums
+        and this process's log-prob gap sums (see :meth:`step`)."""
         config = self.config
         counts = _all_sum(torch.tensor([mini.num_tokens, mini.num_seqs], dtype=torch.float64))
         num_tokens, num_seqs = max(float(counts[0]), 1.0), max(float(counts[1]), 1.0)
@@ -243,9 +271,11 @@ class Trainer:
         if self.value_optimizer is not None:
             self.value_optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
-        for micro in mini.split(config.micro_batch_size):
-            losses = self._losses(micro, num_tokens, num_seqs, norm_length)
+        gaps = torch.zeros(4, dtype=torch.float64)
+        for micro, micro_stale in zip(mini.split(config.micro_batch_size), stale.split(config.micro_batch_size)):
+            losses = self._losses(micro, micro_stale, correction, num_tokens, num_seqs, norm_length)
             losses.pop("loss").backward()
+            gaps += losses.pop("gaps")
             for name, value in losses.items():
                 sums[name] = sums.get(name, 0.0) + float(value)
         grad_norm = self._finish_gradients(self.model, self.optimizer)
@@ -255,9 +285,11 @@ class Trainer:
             self._finish_gradients(self.value_model, self.value_optimizer)
             self.value_optimizer.step()
         sums["train/grad_norm"] = grad_norm
-        return sums
+        return sums, gaps
 
-    def _losses(self, micro: Batch, num_tokens: float, num_seqs: float, norm_length: int) -> dict[str, Any]:
+    def _losses(
+        self, micro: Batch, stale: torch.Tensor, correction: str, num_tokens: float, num_seqs: float, norm_length: int
+    ) -> dict[str, Any]:
         """The loss of one micro-batch, already divided by the mini-batch's counts, and its parts."""
         config = self.config
         mask = micro.loss_mask
@@ -292,7 +324,7 @@ class Trainer:
             clip_high=config.clip_high,
             dual_clip=config.dual_clip,
             behaviour_logprobs=micro.behaviour_logprobs,
-            correction=config.correction,
+            correction=correction,  # type: ignore[arg-type]  # resolved from "auto" by step()
             is_cap=config.is_cap,
         )
         policy = total(per_token)
@@ -312,7 +344,13 @@ class Trainer:
             parts["train/value_loss"] = critic.detach()
         share = mask.sum() / num_tokens  # weights per-micro-batch stats into mini-batch means
         gap = (current.logprobs.detach() - micro.behaviour_logprobs).abs() * mask
-        parts["train/engine_logprob_gap"] = float(gap.sum()) / num_tokens
+        fresh = mask * ~stale
+        parts["gaps"] = torch.stack(
+            [(gap * fresh).sum(), fresh.sum(), (gap * stale).sum(), (mask * stale).sum()]
+        ).to("cpu", torch.float64)
+        if correction != "none":
+            parts["train/is_weight_mean"] = float(stats.is_weight_mean) * float(share)
+            parts["train/is_capped_fraction"] = float(stats.is_capped_fraction) * float(share)
         parts["train/clip_fraction"] = float(stats.clip_fraction) * float(share)
         parts["train/approx_kl"] = float(stats.approx_kl) * float(share)
         parts["train/loss"] = loss.detach()
@@ -447,6 +485,13 @@ def _all_sum(tensor: torch.Tensor) -> torch.Tensor:
 
 def _is_fsdp(model: nn.Module) -> bool:
     return any(type(m).__name__.startswith("FSDP") for m in model.modules())
+
+
+def _stale_tokens(batch: Batch, version: int | None) -> torch.Tensor:
+    """``[B, T]`` bool: generated tokens sampled by an older policy version than ``version``."""
+    if version is None:
+        return torch.zeros_like(batch.versions, dtype=torch.bool)
+    return (batch.versions >= 0) & (batch.versions < version) & (batch.loss_mask > 0)
 
 
 def _batch_metrics(batch: Batch) -> dict[str, float]:

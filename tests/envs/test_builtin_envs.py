@@ -11,7 +11,7 @@ from agentrl.env import AgentEnv, StepResult
 from agentrl.envs._split import TEST_FRACTION, split_of
 from agentrl.types import Message
 
-ENV_IDS = ["agentrl/Calculator-v0", "agentrl/CodeBreaker-v0", "agentrl/Countdown-v0"]
+ENV_IDS = ["agentrl/Calculator-v0", "agentrl/CodeBreaker-v0", "agentrl/Countdown-v0", "agentrl/Hallway-v0"]
 
 
 def task_key(env: AgentEnv) -> str:
@@ -21,6 +21,8 @@ def task_key(env: AgentEnv) -> str:
         return env.task_key  # type: ignore[attr-defined]
     if name == "CodeBreakerEnv":
         return f"codebreaker:{env.code}"  # type: ignore[attr-defined]
+    if name == "HallwayEnv":
+        return f"hallway:{env.rooms}:{env.room}->{env.exit}"  # type: ignore[attr-defined]
     return f"countdown:{','.join(map(str, sorted(env.numbers)))}->{env.target}"  # type: ignore[attr-defined]
 
 
@@ -178,7 +180,7 @@ def test_first_docstring_line_describes_the_env(env_id: str) -> None:
 def test_system_message_states_the_answer_format(env_id: str) -> None:
     obs, _ = unwrapped(env_id).reset(seed=0)
     assert obs[0].role == "system"
-    assert "Answer: <" in obs[0].content or "Guess: 1234" in obs[0].content
+    assert any(form in obs[0].content for form in ("Answer: <", "Guess: 1234", "'left' goes to"))
 
 
 @pytest.mark.parametrize("env_id", ENV_IDS)

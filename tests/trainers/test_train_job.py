@@ -82,6 +82,12 @@ def test_training_on_vllm_learns(engine, tiny_model_dir, tmp_path, staleness):
     assert versions == sorted(versions) and len(set(versions)) == 12
     staleness_max = max(m.get("train/staleness_max", 0) for m in read_metrics(result.run_dir))
     assert staleness_max == 0 if staleness == 0 else staleness_max <= 1
+    # The default correction (auto) applies exactly to the steps that trained stale tokens; the
+    # tokens sampled by the weights being trained score as the engine scored them.
+    steps = [m for m in read_metrics(result.run_dir) if "train/corrected" in m]
+    assert [m["train/corrected"] for m in steps] == [float(m["train/stale_token_fraction"] > 0) for m in steps]
+    assert any(m["train/corrected"] for m in steps) == (staleness > 0)
+    assert all(m["train/engine_logprob_gap"] < 1e-4 for m in steps if "train/engine_logprob_gap" in m)
     assert (result.run_dir / "curves.png").stat().st_size > 10_000
 
     # the exported model is the trained one, and transformers loads it

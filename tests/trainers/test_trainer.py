@@ -4,6 +4,7 @@ the fast log-prob path equals a full forward pass, LoRA and PPO work, state roun
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import copy
 
 import learnable_env
@@ -324,3 +325,69 @@ def test_a_groups_shared_prompt_runs_once_with_the_same_results(tiny_model_dir):
     assert bool((plain.logprobs != 0).sum() == mask[:, 1:].sum())
     for a, b in zip(plain_grads, shared_grads):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def _sampled_by(trajectories: list, version: int, shift: float = 0.0) -> list:
+    """Copies tagged as sampled by ``version``, the engine's log-probs lowered by ``shift``
+    (so each token's behaviour weight exp(trainer - engine) becomes about exp(shift))."""
+    return [
+        dataclasses.replace(
+            t,
+            versions=[version if v >= 0 else v for v in t.versions],
+            logprobs=[lp - shift if m else lp for lp, m in zip(t.logprobs, t.loss_mask)],
+        )
+        for t in trajectories
+    ]
+
+
+def test_auto_correction_weights_stale_batches_only_and_splits_the_gap(tiny_model_dir, trajectories):
+    import math
+
+    from agentrl.trainers.trainer import STALE_CORRECTION
+
+    # Every token seen by version 1's weights as sampled by version 0, with behaviour weight 1.5.
+    stale = _sampled_by(trajectories, 0, shift=math.log(1.5))
+    plain = _trainer(tiny_model_dir, correction="none", max_grad_norm=0)  # unclipped, to compare gradients
+    plain_metrics = plain.step(stale)
+    auto = _trainer(tiny_model_dir, max_grad_norm=0)  # correction="auto" is the default
+    assert auto.config.correction == "auto"
+    metrics = auto.step(stale, version=1)
+    assert metrics["train/corrected"] == 1.0 and metrics["train/stale_token_fraction"] == 1.0
+    assert "train/engine_logprob_gap" not in metrics  # no token was sampled by the weights trained
+    assert abs(metrics["train/policy_lag_logprob_gap"] - math.log(1.5)) < 1e-3
+    assert abs(metrics["train/is_weight_mean"] - 1.5) < 1e-3 and metrics["train/is_capped_fraction"] == 0.0
+    # The policy-gradient term is the uncorrected one times the weight 1.5 (token-mean loss, no bonus).
+    for name, grad in _grads(auto).items():
+        torch.testing.assert_close(grad, 1.5 * _grads(plain)[name], atol=1e-6, rtol=2e-3)
+    assert plain_metrics["train/corrected"] == 0.0
+    assert abs(plain_metrics["train/engine_logprob_gap"] - math.log(1.5)) < 1e-3  # no version: all fresh
+
+    # Weights above is_cap (2): decoupled PPO drops the tokens, tis clamps them to the cap.
+    far = _sampled_by(trajectories, 0, shift=math.log(3.0))
+    capped = _trainer(tiny_model_dir).step(far, version=1)
+    assert capped["train/is_capped_fraction"] == 1.0
+    assert capped["train/is_weight_mean"] == pytest.approx(0.0 if STALE_CORRECTION == "decoupled" else 2.0, abs=1e-3)
+
+    # On-policy (every token sampled by the weights trained): no correction, the update of "none".
+    fresh = _sampled_by(trajectories, 3)
+    on_policy = _trainer(tiny_model_dir)
+    metrics = on_policy.step(fresh, version=3)
+    assert metrics["train/corrected"] == 0.0 and metrics["train/stale_token_fraction"] == 0.0
+    assert "train/policy_lag_logprob_gap" not in metrics and metrics["train/engine_logprob_gap"] < 1e-4
+    reference = _trainer(tiny_model_dir, correction="none")
+    reference.step(fresh)
+    for name, grad in _grads(on_policy).items():
+        torch.testing.assert_close(grad, _grads(reference)[name], atol=0, rtol=0)
+
+
+def test_mixed_batches_split_the_gap_by_token_version(tiny_model_dir, trajectories):
+    import math
+
+    half = len(trajectories) // 2
+    mixed = _sampled_by(trajectories[:half], 4, shift=math.log(1.2)) + _sampled_by(trajectories[half:], 5)
+    metrics = _trainer(tiny_model_dir).step(mixed, version=5)
+    stale_tokens = sum(sum(t.loss_mask) for t in mixed[:half]) / sum(sum(t.loss_mask) for t in mixed)
+    assert metrics["train/stale_token_fraction"] == pytest.approx(stale_tokens)
+    assert metrics["train/corrected"] == 1.0
+    assert metrics["train/engine_logprob_gap"] < 1e-4
+    assert abs(metrics["train/policy_lag_logprob_gap"] - math.log(1.2)) < 1e-3
