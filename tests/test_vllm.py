@@ -13,6 +13,7 @@ from agentrl.policies import Policy, Sampling
 from agentrl.policies.vllm import VLLMPolicy
 from agentrl.rollout import EpisodeLimits, RolloutEngine
 from agentrl.testing import max_logprob_gap, reference_model
+from agentrl.types import Trajectory
 
 pytestmark = pytest.mark.slow
 
@@ -75,3 +76,37 @@ def test_a_cancelled_request_is_aborted_and_the_engine_serves_on(vllm_policy):
 
     generation = asyncio.run(run())
     assert 1 <= len(generation.token_ids) <= 4
+
+
+def test_a_weight_update_while_requests_run_leaves_no_stale_prefix_cache(vllm_policy, tiny_model_dir):
+    # Generation runs during every update when max_staleness > 0. vLLM resets its prefix cache only
+    # once no running request holds blocks, so the update preempts them (they recompute their keys
+    # and values on the new weights); a request after the update must not reuse blocks of the old.
+    prompt = vllm_policy.tokenizer.encode("Walk down the hallway to the exit. " * 24)  # several full KV blocks
+    model = reference_model(tiny_model_dir)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+
+    async def run():
+        await vllm_policy.generate(prompt, Sampling(max_tokens=1))  # the prompt's blocks are now cached
+        running = asyncio.ensure_future(vllm_policy.generate(prompt, Sampling(max_tokens=500, stop_token_ids=())))
+        await asyncio.sleep(0.3)
+        assert not running.done(), "the long request should still run during the update"
+        version = await vllm_policy.aupdate_weights(model.state_dict().items())
+        after = await vllm_policy.generate(prompt, Sampling(max_tokens=8, stop_token_ids=()))
+        return version, after, await running
+
+    version, after, during = asyncio.run(run())
+    assert after.version == version and during.version == version - 1 and len(during.token_ids) > 8
+    n = len(after.token_ids)
+    played = Trajectory(
+        token_ids=prompt + list(after.token_ids),
+        loss_mask=[0] * len(prompt) + [1] * n,
+        logprobs=[0.0] * len(prompt) + list(after.logprobs),
+        versions=[-1] * len(prompt) + [after.version] * n,
+        prompt_length=len(prompt),
+        turn_ends=[len(prompt) + n - 1],
+    )
+    assert max_logprob_gap(model, [played]) < 1e-4

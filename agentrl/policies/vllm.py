@@ -14,7 +14,8 @@ output handler. A cancelled request (an episode timed out) is aborted in the eng
 Weight updates go to the worker through a worker extension (:mod:`agentrl.policies.vllm_worker`):
 the trainer's whole ``state_dict()`` is written once as a safetensors file in shared memory
 (``/dev/shm``), the worker maps it and loads it in place with vLLM's ``reload_weights``, and the
-prefix cache is reset (its entries were computed with the old weights). A file beats sending the
+prefix cache is reset (its entries were computed with the old weights; requests running then are
+preempted and recompute theirs on the new weights). A file beats sending the
 tensors through the engine's RPC pipe, which serialises them and copies them between processes
 (figures in ``benchmarks/README.md``; a run logs its own as ``perf/time_sync``). Requests running
 during an update finish on the new weights; their tokens keep the version they started with (the
@@ -253,7 +254,11 @@ class VLLMPolicy:
         await self.engine.collective_rpc("agentrl_load_file", args=(path,))
         # Cached prefixes hold keys and values computed with the old weights; reusing them would
         # make the new policy's log-probs silently wrong for every prompt seen before the update.
-        await self.engine.reset_prefix_cache()
+        # vLLM keeps the cache while running requests hold blocks (it only logs a warning), and
+        # with generation running ahead some always do: they are preempted, and recompute their
+        # keys and values on the new weights when they resume.
+        if not await self.engine.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight update; its log-probs would be stale.")
 
     async def _remove_adapter(self, adapter: Any) -> None:
         try:
