@@ -80,6 +80,7 @@ METRICS: Mapping[str, str] = {
     "train/lr": "learning rate used by this step",
     "train/advantage_mean": "mean advantage over generated tokens (near 0 for group-normalised estimators)",
     "train/reward_mean": "mean episode reward of the trajectories this step trained on",
+    "train/effective_group_fraction": "share of this step's groups whose rewards are not all equal (the others give GRPO no signal)",
     "train/trajectories": "trajectories this step trained on",
     "train/generated_tokens": "generated (loss-masked) tokens this step trained on",
     "train/behaviour_version_min": "oldest policy version that sampled a trained token (-1 when unknown)",

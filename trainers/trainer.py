@@ -499,8 +499,11 @@ def _batch_metrics(batch: Batch) -> dict[str, float]:
     advantages = batch.advantages
     assert advantages is not None  # estimated at the start of every step
     versions = batch.versions[batch.versions >= 0]
+    groups = [batch.rewards[batch.group_index == g] for g in torch.unique(batch.group_index)]
+    informative = sum(bool((g != g[0]).any()) for g in groups)  # a group of equal rewards has no GRPO signal
     return {
         "train/reward_mean": float(batch.rewards.mean()),
+        "train/effective_group_fraction": informative / max(len(groups), 1),
         "train/advantage_mean": float((advantages * mask).sum() / mask.sum().clamp(min=1)),
         "train/trajectories": float(len(batch)),
         "train/generated_tokens": float(mask.sum()),

@@ -391,3 +391,11 @@ def test_mixed_batches_split_the_gap_by_token_version(tiny_model_dir, trajectori
     assert metrics["train/corrected"] == 1.0
     assert metrics["train/engine_logprob_gap"] < 1e-4
     assert abs(metrics["train/policy_lag_logprob_gap"] - math.log(1.2)) < 1e-3
+
+
+def test_effective_group_fraction_counts_groups_with_unequal_rewards(tiny_model_dir, trajectories):
+    # four groups of four: two all alike (1 1 1 1, 0 0 0 0), two not
+    rewards = [1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0.5, 0.5, 0.5, 0.25]
+    rewarded = [dataclasses.replace(t, reward=float(r), turn_rewards=[float(r)]) for t, r in zip(trajectories, rewards)]
+    assert len({t.group_id for t in rewarded}) == 4
+    assert _trainer(tiny_model_dir).step(rewarded)["train/effective_group_fraction"] == 0.5
