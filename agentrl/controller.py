@@ -23,10 +23,12 @@ from agentrl.dashboard.records import sample_records, write_samples
 from agentrl.metrics import MetricsLogger
 from agentrl.plot import plot_run
 from agentrl.policies import Policy
-from agentrl.rollout import RolloutEngine, RolloutStats, StalenessWindow, TrajectoryBuffer
+from agentrl.rollout import RolloutEngine, RolloutStats, StalenessWindow, TrajectoryBuffer, group_env_seed
+from agentrl.rollout.scheduler import close_quietly
 from agentrl.rollout.staleness import required_groups, take_required
 from agentrl.train_config import EVAL_SEED_OFFSET, TrainConfig
 from agentrl.trainers.checkpoint import save_checkpoint
+from agentrl.trainers.curriculum import PromptCurriculum, closest_to_target
 from agentrl.trainers.trainer import Trainer
 from agentrl.types import Trajectory
 
@@ -69,6 +71,10 @@ class ControllerState:
     """Groups that never reached the trainer (failed or stale), over the whole run."""
     dropped_groups: list[int] = field(default_factory=list)
     """Their numbers."""
+    skipped_groups: list[int] = field(default_factory=list)
+    """Group numbers a PCL selection scored and did not play (``curriculum.selection: pcl``)."""
+    filtered_groups: list[int] = field(default_factory=list)
+    """Group numbers played and dropped for their equal rewards (``curriculum.selection: filter``)."""
     policy_version: int = 0
     """The policy's version after the last step, counted over the whole run (an engine started
     anew on resume counts from its own start; the difference is added back)."""
@@ -96,6 +102,7 @@ class Controller:
         state: ControllerState,
         buffered: list[Trajectory],
         progress: Progress,
+        curriculum: PromptCurriculum | None = None,
     ):
         self.config = config
         self.policy = policy
@@ -114,7 +121,8 @@ class Controller:
             self.buffer.put(trajectory)
         # Groups started before the checkpoint but neither trained on nor buffered: play them again.
         buffered_ids = {t.group_id for t in buffered}
-        trained = set(state.trained_groups) | set(state.dropped_groups)  # a dropped group's place went to a new one
+        # A dropped or filtered group's place went to a new one; a skipped group was never to be played.
+        trained = {*state.trained_groups, *state.dropped_groups, *state.skipped_groups, *state.filtered_groups}
         self.replay = [
             n for n in range(state.next_group) if n not in trained and engine.group_id(n) not in buffered_ids
         ]
@@ -128,6 +136,12 @@ class Controller:
         self._lost_before = state.lost_groups  # lost in earlier sessions of this run
         self._dropped_before = len(state.dropped_groups)
         self._failed_seen = 0
+        self.curriculum = curriculum
+        self._predicted: dict[int, float] = {}  # PCL: the value model's prediction for each group played
+        self._probe: Any = None  # PCL: the env that shows candidate prompts
+        self._select_seconds = 0.0  # prompt selection since the last step
+        self._filtered = 0  # groups filtered out in this session (they free room like lost ones)
+        self._filtered_reported = 0
         self._draining: set[asyncio.Task[None]] = set()
         self._drain_error: BaseException | None = None
         self.changed = asyncio.Condition()
@@ -147,6 +161,8 @@ class Controller:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
             self.engine.close()
+            if self._probe is not None:
+                close_quietly(self._probe)
 
     async def _produce(self) -> None:
         """Start groups whenever the window has room: replays first, then new group numbers."""
@@ -155,8 +171,9 @@ class Controller:
             while True:
                 async with self.changed:
                     await self.changed.wait_for(lambda: self.window.room() > 0)
-                    chunk = self._take(self.window.room())
-                    self.window.start(len(chunk))
+                    room = self.window.room()
+                chunk = await self._take(room)  # only this task starts groups: the room is still there
+                self.window.start(len(chunk))
                 task = asyncio.create_task(self._drain(chunk))
                 draining.add(task)
                 task.add_done_callback(self._drained)
@@ -165,18 +182,42 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*draining, return_exceptions=True)
 
-    def _take(self, room: int) -> list[int]:
-        """The numbers of the next ``room`` groups to start, each noted with the version it starts at."""
+    async def _take(self, room: int) -> list[int]:
+        """The numbers of the next ``room`` groups to start, each noted with the version it starts at:
+        replays first, then new numbers (with PCL, the best of ``curriculum.pool`` candidates each)."""
         chunk = self.replay[:room]
         del self.replay[: len(chunk)]
-        while len(chunk) < room:
-            number = self.state.next_group
-            chunk.append(number)
+        need = room - len(chunk)
+        pool = self.config.curriculum.pool if self.curriculum is not None else 1
+        candidates = list(range(self.state.next_group, self.state.next_group + need * pool))
+        self.state.next_group += len(candidates)
+        if self.curriculum is not None and candidates:
+            chosen = set(await self._select(candidates, need))
+            self.state.skipped_groups += [n for n in candidates if n not in chosen]
+            candidates = [n for n in candidates if n in chosen]
+        for number in candidates:
             self.group_numbers[self.engine.group_id(number)] = number
-            self.state.next_group += 1
+        chunk += candidates
         for number in chunk:
             self.start_versions[number] = self.buffer.version
         return chunk
+
+    async def _select(self, candidates: list[int], need: int) -> list[int]:
+        """PCL: the ``need`` candidates whose first prompts the value model predicts closest to the target."""
+        assert self.curriculum is not None
+        started = time.perf_counter()
+        if self._probe is None:
+            self._probe = self.engine.make_env()
+        prompts = []
+        for number in candidates:
+            observation, _ = await self._probe.areset(seed=group_env_seed(self.engine.seed, number))
+            prompts.append(self.engine.agent.prompt_ids(observation))
+        predictions = await asyncio.to_thread(self.curriculum.predict, prompts)
+        kept = closest_to_target(predictions, need, self.curriculum.target)
+        for index in kept:
+            self._predicted[candidates[index]] = predictions[index]
+        self._select_seconds += time.perf_counter() - started
+        return [candidates[i] for i in kept]
 
     def _drained(self, task: asyncio.Task[None]) -> None:
         """A chunk's stream ended. An exception there is a setup error (the env cannot be made,
@@ -201,6 +242,7 @@ class Controller:
         completed."""
         need = self.config.groups_per_step
         groups: list[list[Trajectory]] = []
+        filtered_before = self._filtered
         while len(groups) < need:
             self._raise_failed_drain()
             waiting = False
@@ -211,10 +253,28 @@ class Controller:
                 await self.buffer.wait(timeout=1.0)
             elif len(groups) < need:
                 groups += await self.buffer.get(need - len(groups), timeout=1.0)
-            await self._notify()  # groups lost to failures free room for replacements
+            if self._filtered - filtered_before < self.config.curriculum.max_filtered:
+                groups = self._filter(groups)
+            await self._notify()  # groups lost to failures (or filtered out) free room for replacements
         for group in groups:
             self.start_versions.pop(self.group_numbers[group[0].group_id], None)
         return groups
+
+    def _filter(self, groups: list[list[Trajectory]]) -> list[list[Trajectory]]:
+        """``curriculum.selection: filter``: ``groups`` without those whose rewards are all equal
+        (GRPO gets no signal from them), which are counted and give their places to new groups."""
+        if self.config.curriculum.selection != "filter":
+            return groups
+        kept = []
+        for group in groups:
+            if len({t.reward for t in group}) > 1:
+                kept.append(group)
+                continue
+            number = self.group_numbers[group[0].group_id]
+            self.state.filtered_groups.append(number)
+            self.start_versions.pop(number, None)
+            self._filtered += 1
+        return kept
 
     def _is_ready(self, group_id: str) -> bool:
         return self.buffer.state_of(group_id) == "ready"
@@ -229,7 +289,7 @@ class Controller:
         """Tell the window what the buffer lost, and wake the producer."""
         stats = self.buffer.stats
         lost = stats.incomplete_groups + stats.stale_groups
-        self.window.set_lost(lost)
+        self.window.set_lost(lost + self._filtered)
         self.state.lost_groups = self._lost_before + lost
         for group_id in stats.dropped[len(self.state.dropped_groups) - self._dropped_before :]:
             number = self.group_numbers[group_id]
@@ -242,6 +302,7 @@ class Controller:
         config, state = self.config, self.state
         trajectories = [t for group in groups for t in group]
         metrics = await asyncio.to_thread(self.trainer.step, trajectories, self.buffer.version)
+        metrics.update(await self._curriculum_metrics(groups))
         synced = time.perf_counter()
         version = await self.policy.aupdate_weights(self.trainer.inference_weights())
         metrics["perf/time_sync"] = time.perf_counter() - synced
@@ -265,6 +326,31 @@ class Controller:
         if config.eval_every and state.step % config.eval_every == 0 and state.step < config.steps:
             await self._evaluate(state.step)
         await self._notify()
+
+    async def _curriculum_metrics(self, groups: list[list[Trajectory]]) -> dict[str, float]:
+        """What the prompt selection did for this batch; with PCL, the value model's update on the
+        success rates the batch's groups had (rewards clipped to [0, 1])."""
+        selection = self.config.curriculum.selection
+        if selection == "uniform":
+            return {}
+        metrics = {"perf/time_select": self._select_seconds}
+        self._select_seconds = 0.0
+        if selection == "filter":
+            metrics["train/filtered_groups"] = float(self._filtered - self._filtered_reported)
+            self._filtered_reported = self._filtered
+            return metrics
+        assert self.curriculum is not None
+        numbers = [self.group_numbers[group[0].group_id] for group in groups]
+        prompts = [group[0].token_ids[: group[0].prompt_length] for group in groups]
+        rates = [sum(min(max(t.reward, 0.0), 1.0) for t in group) / len(group) for group in groups]
+        predicted = [self._predicted.pop(n) for n in numbers if n in self._predicted]
+        started = time.perf_counter()
+        metrics["train/pcl_value_loss"] = await asyncio.to_thread(self.curriculum.update, prompts, rates)
+        metrics["perf/time_select"] += time.perf_counter() - started
+        if predicted:
+            metrics["train/pcl_predicted_mean"] = sum(predicted) / len(predicted)
+        metrics["train/pcl_success_mean"] = sum(rates) / len(rates)
+        return metrics
 
     def _write_samples(self, groups: list[list[Trajectory]], step: int) -> None:
         """The first ``samples_per_step`` groups, with the advantages just trained on (``dashboard.records``)."""

@@ -80,6 +80,10 @@ METRICS: Mapping[str, str] = {
     "train/lr": "learning rate used by this step",
     "train/advantage_mean": "mean advantage over generated tokens (near 0 for group-normalised estimators)",
     "train/reward_mean": "mean episode reward of the trajectories this step trained on",
+    "train/filtered_groups": "curriculum.selection filter: groups played and dropped for equal rewards before this step",
+    "train/pcl_value_loss": "curriculum.selection pcl: the value model's squared error on this batch's group success rates, before its update",
+    "train/pcl_predicted_mean": "curriculum.selection pcl: mean predicted success of the groups this step trained on, when they were chosen",
+    "train/pcl_success_mean": "curriculum.selection pcl: their mean observed success rate (the value model's targets)",
     "train/effective_group_fraction": "share of this step's groups whose rewards are not all equal (the others give GRPO no signal)",
     "train/trajectories": "trajectories this step trained on",
     "train/generated_tokens": "generated (loss-masked) tokens this step trained on",
@@ -96,6 +100,7 @@ METRICS: Mapping[str, str] = {
     "perf/time_rollout": "seconds spent collecting this step's rollouts",
     "perf/time_train": "seconds spent in forward, backward and optimizer step",
     "perf/time_sync": "seconds spent publishing the new weights to the inference engine",
+    "perf/time_select": "curriculum: seconds spent choosing prompts since the last step (PCL: env resets, value model scoring and update)",
     "perf/time_step": "wall seconds of the whole step (less than the sum of the phases when they overlap)",
     # Evaluation on the held-out split (before training, every few steps, after training).
     "eval/success_rate": 'share of held-out episodes whose final `info["success"]` was true',

@@ -59,14 +59,16 @@ from agentrl.multi_train import train_policies
 from agentrl.policies import Policy
 from agentrl.registry import is_multiagent, spec
 from agentrl.server.run import ServerThread
-from agentrl.train_config import EVAL_SEED_OFFSET, PolicyConfig, StageConfig, TrainConfig
+from agentrl.train_config import EVAL_SEED_OFFSET, CurriculumConfig, PolicyConfig, StageConfig, TrainConfig
 from agentrl.trainers.checkpoint import list_checkpoints, load_checkpoint
+from agentrl.trainers.curriculum import PromptCurriculum, PromptValueModel
 from agentrl.trainers.models import save_pretrained
 
 __all__ = [
     "EVAL_SEED_OFFSET",
     "Controller",
     "ControllerState",
+    "CurriculumConfig",
     "PolicyConfig",
     "Progress",
     "StageConfig",
@@ -92,6 +94,11 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
         if is_multiagent(config.rollout.env_id):
             if policy is not None:
                 raise ValueError("train(policy=...) serves one policy; a multi-agent run starts its own engines.")
+            if config.curriculum.selection != "uniform":
+                raise ValueError(
+                    f"curriculum.selection {config.curriculum.selection!r} chooses a single-agent env's prompts; "
+                    "a multi-agent run plays its seeds in order (leave curriculum.selection at uniform)."
+                )
             return train_policies(config, progress)
         return _train_one_policy(config, progress, policy)
 
@@ -155,7 +162,8 @@ def _train_one_policy(config: TrainConfig, progress: Progress, policy: Policy | 
         with MetricsLogger(
             run_dir, tensorboard=config.tensorboard, wandb=config.wandb, config=to_dict(settings)
         ) as metrics:
-            controller = Controller(config, policy, engine, trainer, metrics, state, buffered, progress)
+            curriculum = _curriculum(config, model_path, policy.tokenizer)
+            controller = Controller(config, policy, engine, trainer, metrics, state, buffered, progress, curriculum)
             if config.eval_episodes and state.eval_before is None:
                 state.eval_before = controller.evaluate(step=0)
             asyncio.run(controller.run())
@@ -198,3 +206,14 @@ class _RaySession:
             ray.kill(self.actor)
         if self.own_ray:
             ray.shutdown()
+
+
+def _curriculum(config: TrainConfig, model_path: str, tokenizer: Any) -> PromptCurriculum | None:
+    """PCL's value model (a copy of the policy's starting weights with a fresh head), or None."""
+    if config.curriculum.selection != "pcl":
+        return None
+    settings = config.curriculum
+    value_model = PromptValueModel(model_path, dtype=config.rollout.dtype, device=config.device)
+    return PromptCurriculum(
+        value_model, lr=settings.lr, target=settings.target, pad_token_id=tokenizer.pad_token_id or 0
+    )

@@ -68,6 +68,32 @@ class StageConfig:
 
 
 @dataclass
+class CurriculumConfig:
+    """Which prompts (env seeds) a single-agent run trains on: the ``curriculum:`` section (docs/algorithms.md)."""
+
+    selection: Literal["uniform", "pcl", "filter"] = "uniform"
+    """``uniform``: the next seeds in order; ``pcl``: a value model scores ``pool`` candidates per group
+    and the ones predicted closest to ``target`` are played (Prompt Curriculum Learning); ``filter``:
+    groups whose rewards are all equal are dropped after playing and others played instead (DAPO's
+    dynamic sampling)."""
+    pool: int = 4
+    """pcl: candidate prompts scored for each group started."""
+    target: float = 0.5
+    """pcl: the expected reward the selection aims at (rewards are read as success rates in [0, 1])."""
+    lr: float = 1e-5
+    """pcl: learning rate of the value model (AdamW, one step per training step)."""
+    max_filtered: int = 16
+    """filter: groups a step may drop before it takes uniform groups anyway (all of them may be solved)."""
+
+    def __post_init__(self) -> None:
+        if self.pool < 1 or self.max_filtered < 0 or not 0 <= self.target <= 1 or self.lr <= 0:
+            raise ValueError(
+                "need curriculum.pool >= 1, max_filtered >= 0, 0 <= target <= 1 and lr > 0; got "
+                f"{self.pool}, {self.max_filtered}, {self.target} and {self.lr}."
+            )
+
+
+@dataclass
 class TrainConfig:
     """Settings of one training run. ``rollout`` and ``trainer`` are sections (``trainer.lr=1e-5``)."""
 
@@ -81,6 +107,8 @@ class TrainConfig:
     """Groups per batch: a batch has groups_per_step x rollout.group_size trajectories."""
     max_staleness: int = 0
     """0: synchronous on-policy; k: generation runs up to k batches ahead of training."""
+    curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
+    """Single-agent envs: which prompts are played (uniform, a PCL value model, or DAPO-style filtering)."""
     stragglers: Literal["wait", "drop"] = "wait"
     """A group about to become too stale: wait for it (none dropped as stale) or drop it (biased to fast episodes)."""
     policies: dict[str, PolicyConfig] = field(default_factory=dict)

@@ -39,7 +39,9 @@ def train(algorithm: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
     command = [sys.executable, "-m", "agentrl.cli", "train", str(CONFIG), f"trainer.algorithm={algorithm}"]
     command += [f"run_dir={run_dir}", "resume=false", "export=false", *extra]
     started = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -48,7 +50,9 @@ def train(algorithm: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
     # Training minutes before each evaluation: from the first one's end, the later evaluations taken out.
     origin, curve, spent = evals[0]["time"], [], 0.0
     for r in evals:
-        curve.append({"step": r["step"], "success": r["eval/success_rate"], "minutes": (r["time"] - origin - spent) / 60})
+        curve.append(
+            {"step": r["step"], "success": r["eval/success_rate"], "minutes": (r["time"] - origin - spent) / 60}
+        )
         spent += r["eval/seconds"] if r is not evals[0] else 0.0
     steps = [m for m in read_metrics(run_dir) if "rollout/success_rate" in m and m["step"] > 0]
     return {

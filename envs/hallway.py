@@ -1,8 +1,9 @@
 """``agentrl/Hallway-v0``: walk down a hallway of numbered rooms to the exit, one move per turn.
 
-The env draws a hallway of 6 to 40 rooms numbered from 1, a start room and an exit room 2 to 4 rooms
-apart. Each turn the agent replies ``left`` (to go to the room numbered one lower) or ``right`` (one
-higher); the env says which room it is in now. The walk is the multi-turn task whose states
+The env draws a hallway of 6 to 40 rooms numbered from 1, a start room and an exit room 1 to 6 rooms
+apart (the distance is the task's difficulty: an exit next door is found by chance, one 6 rooms away
+takes 6 of the 8 moves in the right direction). Each turn the agent replies ``left`` (to go to the
+room numbered one lower) or ``right`` (one higher); the env says which room it is in now. The walk is the multi-turn task whose states
 repeat: an agent that turns back visits a room again, and the episodes of a group (same seed, same
 hallway) pass through the same rooms, which is what GiGPO's step groups compare
 (docs/algorithms.md). Each step's ``info["state_key"]`` names the room.
@@ -32,7 +33,7 @@ from agentrl.registry import register
 from agentrl.types import Message
 
 MIN_ROOMS, MAX_ROOMS = 6, 40
-MIN_DISTANCE, MAX_DISTANCE = 2, 4
+MIN_DISTANCE, MAX_DISTANCE = 1, 6
 _MOVE = re.compile(r"\b(left|right)\b", re.IGNORECASE)
 
 RULES = (

@@ -345,9 +345,9 @@ class Trainer:
         share = mask.sum() / num_tokens  # weights per-micro-batch stats into mini-batch means
         gap = (current.logprobs.detach() - micro.behaviour_logprobs).abs() * mask
         fresh = mask * ~stale
-        parts["gaps"] = torch.stack(
-            [(gap * fresh).sum(), fresh.sum(), (gap * stale).sum(), (mask * stale).sum()]
-        ).to("cpu", torch.float64)
+        parts["gaps"] = torch.stack([(gap * fresh).sum(), fresh.sum(), (gap * stale).sum(), (mask * stale).sum()]).to(
+            "cpu", torch.float64
+        )
         if correction != "none":
             parts["train/is_weight_mean"] = float(stats.is_weight_mean) * float(share)
             parts["train/is_capped_fraction"] = float(stats.is_capped_fraction) * float(share)

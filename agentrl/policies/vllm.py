@@ -258,7 +258,9 @@ class VLLMPolicy:
         # with generation running ahead some always do: they are preempted, and recompute their
         # keys and values on the new weights when they resume.
         if not await self.engine.reset_prefix_cache(reset_running_requests=True):
-            raise RuntimeError("vLLM did not reset its prefix cache after a weight update; its log-probs would be stale.")
+            raise RuntimeError(
+                "vLLM did not reset its prefix cache after a weight update; its log-probs would be stale."
+            )
 
     async def _remove_adapter(self, adapter: Any) -> None:
         try:

@@ -9,7 +9,13 @@ from agentrl.envs.hallway import HallwayEnv, parse_move
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("left", -1), ("Move: right", 1), ("**Right**.", 1), ("Move: right\nNo, wait.\nMove: left", -1), ("Not right: left", -1)],
+    [
+        ("left", -1),
+        ("Move: right", 1),
+        ("**Right**.", 1),
+        ("Move: right\nNo, wait.\nMove: left", -1),
+        ("Not right: left", -1),
+    ],
 )
 def test_parse_move(text: str, expected: int) -> None:
     assert parse_move(text) == expected
@@ -39,7 +45,7 @@ def test_walking_toward_the_exit_wins_in_the_distance_of_moves() -> None:
     for seed in range(30):
         env.reset(seed=seed)
         distance = abs(env.exit - env.room)
-        assert 2 <= distance <= 4 and 1 <= env.room <= env.rooms and 6 <= env.rooms <= 40
+        assert 1 <= distance <= 6 and 1 <= env.room <= env.rooms and 6 <= env.rooms <= 40
         results = walk(env)
         assert len(results) == distance
         assert (results[-1].reward, results[-1].info["success"], results[-1].info["moves"]) == (1.0, True, distance)

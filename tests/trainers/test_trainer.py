@@ -4,8 +4,8 @@ the fast log-prob path equals a full forward pass, LoRA and PPO work, state roun
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import copy
+import dataclasses
 
 import learnable_env
 import pytest
