@@ -336,6 +336,23 @@ class MetricsLogger:
         self._tensorboard.flush()
 
 
+def eval_curve(run_dir: str | Path) -> list[dict[str, float]]:
+    """Held-out success against training time: one ``{"step", "success", "minutes"}`` per
+    evaluation, ``minutes`` the wall time from the end of the first evaluation with the later
+    evaluations' own time (``eval/seconds``) taken out, so runs that evaluate at different steps
+    compare by the training they did."""
+    evals = [e for e in read_metrics(run_dir, raw=True) if "eval/success_rate" in e]
+    if not evals:
+        return []
+    curve, spent = [], 0.0
+    for index, entry in enumerate(evals):
+        if index:
+            spent += entry.get("eval/seconds") or 0.0
+        minutes = (entry["time"] - evals[0]["time"] - spent) / 60
+        curve.append({"step": float(entry["step"]), "success": entry["eval/success_rate"], "minutes": minutes})
+    return curve
+
+
 def read_metrics(run_dir: str | Path, *, raw: bool = False) -> list[dict[str, Any]]:
     """The entries of a run's ``metrics.jsonl``, one dict per step in step order.
 

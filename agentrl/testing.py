@@ -32,6 +32,10 @@ plain full-logits computations that the trainer's and the engines' log-probs are
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -436,13 +440,22 @@ class ScriptedPolicy:
 # --- real servers and a real browser, for tests and benchmarks ----------------------------------
 
 
+def train_in_subprocess(config: str | Path, overrides: Sequence[str], run_dir: str | Path) -> float:
+    """``agentrl train CONFIG OVERRIDES run_dir=RUN_DIR resume=false export=false`` in a process of
+    its own (a fresh engine each time, for benchmarks that compare runs one after the other);
+    returns its wall time in seconds. A failed run raises ``RuntimeError`` with the end of its stderr."""
+    command = [sys.executable, "-m", "agentrl.cli", "train", str(config), *overrides]
+    command += [f"run_dir={run_dir}", "resume=false", "export=false"]
+    started = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return time.perf_counter() - started
+
+
 def serve_in_subprocess(env_ids: Sequence[str], port: int, timeout: float = 60.0) -> Any:
     """``agentrl serve ENV_IDS --port PORT`` in a process of its own (its own session, so
     ``os.killpg`` stops it), returned once ``/healthz`` answers."""
-    import subprocess  # noqa: PLC0415  (only these helpers start processes)
-    import sys  # noqa: PLC0415
-    import time  # noqa: PLC0415
-
     import httpx  # noqa: PLC0415
 
     command = [sys.executable, "-m", "agentrl.cli", "serve", *env_ids, "--port", str(port), "--log-level", "warning"]

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from agentrl.metrics import read_metrics
+from agentrl.metrics import eval_curve, read_metrics
+from agentrl.testing import train_in_subprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "hallway.yaml"
@@ -36,42 +33,25 @@ CONFIG = ROOT / "examples" / "hallway.yaml"
 
 def train(algorithm: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
     """One ``agentrl train`` of the hallway example; its learning curve."""
-    command = [sys.executable, "-m", "agentrl.cli", "train", str(CONFIG), f"trainer.algorithm={algorithm}"]
-    command += [f"run_dir={run_dir}", "resume=false", "export=false", *extra]
-    started = time.perf_counter()
-    done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    evals = [r for r in lines if "eval/success_rate" in r]
-    # Training minutes before each evaluation: from the first one's end, the later evaluations taken out.
-    origin, curve, spent = evals[0]["time"], [], 0.0
-    for r in evals:
-        curve.append(
-            {"step": r["step"], "success": r["eval/success_rate"], "minutes": (r["time"] - origin - spent) / 60}
-        )
-        spent += r["eval/seconds"] if r is not evals[0] else 0.0
+    wall = train_in_subprocess(CONFIG, [f"trainer.algorithm={algorithm}", *extra], run_dir)
     steps = [m for m in read_metrics(run_dir) if "rollout/success_rate" in m and m["step"] > 0]
     return {
         "algorithm": algorithm,
-        "eval": curve,
+        "eval": eval_curve(run_dir),
         "train_success": [round(m["rollout/success_rate"], 3) for m in steps],
         "train_moves": [round(m["rollout/turns_mean"], 2) for m in steps],
         "wall_s": wall,
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algorithms", default="grpo,gigpo")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="1 step each, 8 eval episodes")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     extra = [f"steps={args.steps}", f"eval_every={args.eval_every}"]
     if args.quick:
         extra = ["steps=1", "eval_every=0", "eval_episodes=8"]
@@ -83,7 +63,7 @@ def main() -> None:
             print(json.dumps(result), flush=True)
     print(f"\n{'algorithm':>9}  held-out success at step (training minutes)")
     for r in results:
-        points = "  ".join(f"{e['step']}: {e['success']:.1%} ({e['minutes']:.1f})" for e in r["eval"])
+        points = "  ".join(f"{e['step']:.0f}: {e['success']:.1%} ({e['minutes']:.1f})" for e in r["eval"])
         print(f"{r['algorithm']:>9}  {points}   [wall {r['wall_s'] / 60:.1f} min]")
     print(f"\n{'algorithm':>9}  training success per step / mean moves per step")
     for r in results:

@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from agentrl.metrics import eval_curve, read_metrics
+from agentrl.testing import train_in_subprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "quickstart.yaml"
@@ -39,39 +38,21 @@ DEFAULT_RUNS = "1:none,1:tis,1:decoupled,2:none,2:tis,2:decoupled"
 
 def train(staleness: int, correction: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
     """One ``agentrl train`` of the quickstart; its metrics, summarised."""
-    command = [
-        sys.executable,
-        "-m",
-        "agentrl.cli",
-        "train",
-        str(CONFIG),
-        f"max_staleness={staleness}",
-        f"trainer.correction={correction}",
-        f"run_dir={run_dir}",
-        "resume=false",
-        "export=false",
-        *extra,
-    ]
-    started = time.perf_counter()
-    done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    wall = train_in_subprocess(
+        CONFIG, [f"max_staleness={staleness}", f"trainer.correction={correction}", *extra], run_dir
     )
-    seconds = time.perf_counter() - started
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    evals = [r for r in rows if "eval/success_rate" in r]
-    steps = [r for r in rows if "train/reward_mean" in r]
+    curve = eval_curve(run_dir)
+    steps = [m for m in read_metrics(run_dir) if "train/reward_mean" in m]
 
     def mean(key: str, rows: list[dict[str, Any]]) -> float:
-        values = [r[key] for r in rows if key in r]
+        values = [r[key] for r in rows if r.get(key) is not None]
         return sum(values) / len(values) if values else math.nan
 
     return {
         "staleness": staleness,
         "correction": correction,
-        "success_before": evals[0]["eval/success_rate"],
-        "success_after": evals[-1]["eval/success_rate"],
+        "success_before": curve[0]["success"],
+        "success_after": curve[-1]["success"],
         "reward_last4": mean("train/reward_mean", steps[-4:]),
         "stale_tokens": mean("train/stale_token_fraction", steps),
         "lag_gap": mean("train/policy_lag_logprob_gap", steps),
@@ -79,16 +60,16 @@ def train(staleness: int, correction: str, run_dir: Path, extra: list[str]) -> d
         "capped": mean("train/is_capped_fraction", steps),
         "corrected_steps": sum(r.get("train/corrected", 0.0) for r in steps),
         "steps": len(steps),
-        "wall_s": seconds,
+        "wall_s": wall,
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", default=DEFAULT_RUNS, help="comma-separated STALENESS:CORRECTION pairs")
     parser.add_argument("--quick", action="store_true", help="2 steps, 8 eval episodes, runs 1:none,1:auto")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     runs = "1:none,1:auto" if args.quick else args.runs
     extra = ["steps=2", "eval_episodes=8"] if args.quick else []
     results = []

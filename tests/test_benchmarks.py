@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import importlib.util
+import json
 import pathlib
 import sys
 import types
@@ -206,6 +207,20 @@ def test_multi_policy_serving_quick_run_prints_its_table(capsys):
         "adapters' RSS / one engine's",
     ):
         assert row in out
+
+
+@pytest.mark.slow
+def test_prompt_selection_quick_run_trains_a_step_with_pcl_on_vllm(capsys):
+    """One step of examples/hallway.yaml with PCL choosing its prompts, on vLLM and the default
+    model, in a process of its own: slow (about 3 minutes)."""
+    head = (BENCHMARKS / "prompt_selection.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/prompt_selection.py --quick") for line in head)
+    load("prompt_selection").main(["--quick", "--selections", "pcl"])
+    out = capsys.readouterr().out
+    result = json.loads(out.splitlines()[0])
+    assert result["selection"] == "pcl" and result["select_seconds"] > 0 and 0 <= result["effective_ratio"] <= 1
+    assert [e["step"] for e in result["eval"]] == [0.0, 1.0]
+    assert "held-out success at step" in out
 
 
 def test_env_server_quick_run_compares_remote_and_local_steps(capsys):

@@ -23,6 +23,7 @@ from agentrl.metrics import (
     POLICY_KINDS,
     MetricsLogger,
     MetricsWarning,
+    eval_curve,
     is_known_metric,
     metrics_table,
     policy_metric,
@@ -403,3 +404,21 @@ def test_wandb_missing_is_a_clear_error(tmp_path, monkeypatch):
     with pytest.raises(ImportError, match=r"needs the wandb package .*pip install wandb"):
         MetricsLogger(tmp_path, wandb=True)
     assert not (tmp_path / "metrics.jsonl").exists()  # a sink that cannot start leaves nothing behind
+
+
+def test_eval_curve_counts_training_minutes_only(tmp_path):
+    # evaluations at steps 0, 4 and 8 taking 30 s each; 2 minutes of training between them
+    lines = [
+        {"step": 0, "time": 1000.0, "eval/success_rate": 0.25, "eval/seconds": 30.0},
+        {"step": 2, "time": 1060.0, "train/loss": 0.1},
+        {"step": 4, "time": 1150.0, "eval/success_rate": 0.5, "eval/seconds": 30.0},
+        {"step": 8, "time": 1300.0, "eval/success_rate": 0.75, "eval/seconds": 30.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert eval_curve(tmp_path) == [
+        {"step": 0.0, "success": 0.25, "minutes": 0.0},
+        {"step": 4.0, "success": 0.5, "minutes": 2.0},
+        {"step": 8.0, "success": 0.75, "minutes": 4.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(lines[1]) + "\n")
+    assert eval_curve(tmp_path) == []
