@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -75,6 +76,8 @@ class ControllerState:
     """Group numbers a PCL selection scored and did not play (``curriculum.selection: pcl``)."""
     filtered_groups: list[int] = field(default_factory=list)
     """Group numbers played and dropped for their equal rewards (``curriculum.selection: filter``)."""
+    tail_queue: list[int] = field(default_factory=list)
+    """Tail batching: group numbers aborted in short rounds, waiting for a long round."""
     policy_version: int = 0
     """The policy's version after the last step, counted over the whole run (an engine started
     anew on resume counts from its own start; the difference is added back)."""
@@ -123,6 +126,7 @@ class Controller:
         buffered_ids = {t.group_id for t in buffered}
         # A dropped or filtered group's place went to a new one; a skipped group was never to be played.
         trained = {*state.trained_groups, *state.dropped_groups, *state.skipped_groups, *state.filtered_groups}
+        trained |= set(state.tail_queue)  # tail batching replays these in a long round
         self.replay = [
             n for n in range(state.next_group) if n not in trained and engine.group_id(n) not in buffered_ids
         ]
@@ -142,6 +146,7 @@ class Controller:
         self._select_seconds = 0.0  # prompt selection since the last step
         self._filtered = 0  # groups filtered out in this session (they free room like lost ones)
         self._filtered_reported = 0
+        self._tail: dict[str, float] = {}  # tail batching: what the last round did
         self._draining: set[asyncio.Task[None]] = set()
         self._drain_error: BaseException | None = None
         self.changed = asyncio.Condition()
@@ -149,17 +154,19 @@ class Controller:
     # --- the loop --------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Train until ``config.steps``; the producer keeps the window of groups in flight."""
+        """Train until ``config.steps``; the producer keeps the window of groups in flight (with
+        ``tail_batching``, each batch plays its own round instead)."""
         self.progress.on_phase("training", self.config.steps)
-        producer = asyncio.create_task(self._produce())
+        producer = None if self.config.tail_batching else asyncio.create_task(self._produce())
         try:
             while self.state.step < self.config.steps:
                 waited = time.perf_counter()
-                groups = await self._next_batch()
+                groups = await (self._next_batch() if producer is not None else self._tail_round())
                 await self._train_on(groups, rollout_seconds=time.perf_counter() - waited)
         finally:
-            producer.cancel()
-            await asyncio.gather(producer, return_exceptions=True)
+            if producer is not None:
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
             self.engine.close()
             if self._probe is not None:
                 close_quietly(self._probe)
@@ -276,6 +283,57 @@ class Controller:
             self._filtered += 1
         return kept
 
+    async def _tail_round(self) -> list[list[Trajectory]]:
+        """Tail batching (RollPacker: Gao et al., "Mitigating Long-Tail Rollouts for Fast, Synchronous
+        RL Post-Training", 2025), one synchronous round per batch, every token from the current
+        weights. A short round starts ``tail_extra`` more groups than the batch needs and takes the
+        first ``groups_per_step`` to finish; the unfinished ones are aborted and queued (their
+        episodes are never trained on), and once a batch's worth is queued, a long round plays those
+        at full length. Groups that finished but were not needed are played again later."""
+        need = self.config.groups_per_step
+        queue = self.state.tail_queue
+        long_round = len(queue) >= need
+        if long_round:
+            numbers = queue[:need]
+            del queue[:need]
+            for number in numbers:
+                self.start_versions[number] = self.buffer.version
+        else:
+            numbers = await self._take(need + math.ceil(need * self.config.tail_extra))
+        rounds = [asyncio.create_task(self._drain(numbers))]
+        groups: list[list[Trajectory]] = []
+        try:
+            while len(groups) < need:
+                groups += await self.buffer.get(need - len(groups), timeout=1.0)
+                await self._notify()
+                if len(groups) < need and all(r.done() for r in rounds) and not len(self.buffer):
+                    for task in rounds:  # a stream that raised is a setup error: the run ends with it
+                        if task.exception() is not None:
+                            raise task.exception()  # type: ignore[misc]
+                    more = await self._take(need - len(groups))  # groups lost to failed episodes: replacements
+                    numbers += more
+                    rounds.append(asyncio.create_task(self._drain(more)))
+        finally:
+            for task in rounds:
+                task.cancel()
+            await asyncio.gather(*rounds, return_exceptions=True)
+        taken = {group[0].group_id for group in groups}
+        aborted = []
+        for number in numbers:
+            group_id = self.engine.group_id(number)
+            state = self.buffer.state_of(group_id)
+            if group_id in taken or state == "gone":  # trained now, or lost to failed episodes (counted)
+                continue
+            self.buffer.abort(group_id)
+            self.start_versions.pop(number, None)
+            if state == "pending":
+                queue.append(number)  # the long tail: replayed in a long round
+                aborted.append(number)
+            else:
+                self.replay.append(number)  # finished but not needed: played again in a short round
+        self._tail = {"train/tail_long_round": float(long_round), "train/tail_aborted_groups": float(len(aborted))}
+        return groups
+
     def _is_ready(self, group_id: str) -> bool:
         return self.buffer.state_of(group_id) == "ready"
 
@@ -303,6 +361,7 @@ class Controller:
         trajectories = [t for group in groups for t in group]
         metrics = await asyncio.to_thread(self.trainer.step, trajectories, self.buffer.version)
         metrics.update(await self._curriculum_metrics(groups))
+        metrics.update(self._tail)
         synced = time.perf_counter()
         version = await self.policy.aupdate_weights(self.trainer.inference_weights())
         metrics["perf/time_sync"] = time.perf_counter() - synced

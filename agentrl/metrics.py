@@ -80,6 +80,8 @@ METRICS: Mapping[str, str] = {
     "train/lr": "learning rate used by this step",
     "train/advantage_mean": "mean advantage over generated tokens (near 0 for group-normalised estimators)",
     "train/reward_mean": "mean episode reward of the trajectories this step trained on",
+    "train/tail_long_round": "tail batching: 1 when this batch came from a long round (groups aborted earlier, played at full length), else 0",
+    "train/tail_aborted_groups": "tail batching: groups this batch's short round aborted unfinished and queued for a long round",
     "train/filtered_groups": "curriculum.selection filter: groups played and dropped for equal rewards before this step",
     "train/pcl_value_loss": "curriculum.selection pcl: the value model's squared error on this batch's group success rates, before its update",
     "train/pcl_predicted_mean": "curriculum.selection pcl: mean predicted success of the groups this step trained on, when they were chosen",

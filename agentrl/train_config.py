@@ -107,6 +107,11 @@ class TrainConfig:
     """Groups per batch: a batch has groups_per_step x rollout.group_size trajectories."""
     max_staleness: int = 0
     """0: synchronous on-policy; k: generation runs up to k batches ahead of training."""
+    tail_batching: bool = False
+    """RollPacker's tail batching (with max_staleness 0): short rounds start ``tail_extra`` more groups than a
+    batch needs and train on the first to finish; the unfinished are aborted and replayed together in a long round."""
+    tail_extra: float = 0.5
+    """Tail batching: the share of extra groups a short round starts (0.5: 6 for a batch of 4)."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
     """Single-agent envs: which prompts are played (uniform, a PCL value model, or DAPO-style filtering)."""
     stragglers: Literal["wait", "drop"] = "wait"
@@ -207,6 +212,11 @@ class TrainConfig:
             )
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}.")
+        if self.tail_batching and (self.max_staleness != 0 or self.tail_extra <= 0):
+            raise ValueError(
+                f"tail_batching is synchronous and needs max_staleness 0 and tail_extra > 0, got {self.max_staleness} "
+                f"and {self.tail_extra}: set max_staleness=0 (tail batching replaces running ahead), or drop tail_batching."
+            )
         if self.rollout.temperature <= 0:
             raise ValueError(
                 "rollout.temperature must be above 0 for training: greedy samples of a group are all alike and have "

@@ -111,6 +111,15 @@ class TrajectoryBuffer:
                 return
         self._release(group_id)
 
+    def abort(self, group_id: str) -> None:
+        """Forget ``group_id``'s episodes so far, ready or not, as if it had never started: it may be
+        played again from scratch under the same id (tail batching replays unfinished groups)."""
+        if group_id in self._ready:
+            del self._ready[group_id]
+            self.stats.released_groups -= 1
+        self._pending.pop(group_id, None)
+        self._closed.discard(group_id)
+
     def set_version(self, version: int) -> None:
         """Tell the buffer the trainer's current policy version; drops ready groups now too stale."""
         self.version = version
