@@ -89,10 +89,12 @@ class Controller:
     """The loop of one run: a producer of groups and the trainer consuming them.
 
     The producer starts groups whenever the :class:`~agentrl.rollout.StalenessWindow` has room
-    (replays of a resumed run first, then new group numbers); each group's episodes run on the
-    engine and land in the buffer; the loop takes ``groups_per_step`` groups, steps the trainer in a
-    thread (episodes go on meanwhile), sends the weights to the policy and tells the buffer the new
-    version, which drops groups that are now too stale.
+    (replays of a resumed run first, then new group numbers, chosen as ``curriculum.selection``
+    says); each group's episodes run on the engine and land in the buffer; the loop takes
+    ``groups_per_step`` groups, steps the trainer in a thread (episodes go on meanwhile), sends the
+    weights to the policy and tells the buffer the new version, which drops groups that are now
+    too stale. With ``tail_batching`` there is no producer: each batch plays a round of its own
+    (:meth:`_tail_round`).
     """
 
     def __init__(
@@ -284,8 +286,8 @@ class Controller:
         return kept
 
     async def _tail_round(self) -> list[list[Trajectory]]:
-        """Tail batching (RollPacker: Gao et al., "Mitigating Long-Tail Rollouts for Fast, Synchronous
-        RL Post-Training", 2025), one synchronous round per batch, every token from the current
+        """Tail batching (RollPacker, "Mitigating Long-Tail Rollouts for Fast, Synchronous RL
+        Post-Training", 2025), one synchronous round per batch, every token from the current
         weights. A short round starts ``tail_extra`` more groups than the batch needs and takes the
         first ``groups_per_step`` to finish; the unfinished ones are aborted and queued (their
         episodes are never trained on), and once a batch's worth is queued, a long round plays those
@@ -321,12 +323,12 @@ class Controller:
         aborted = []
         for number in numbers:
             group_id = self.engine.group_id(number)
-            state = self.buffer.state_of(group_id)
-            if group_id in taken or state == "gone":  # trained now, or lost to failed episodes (counted)
+            fate = self.buffer.state_of(group_id)
+            if group_id in taken or fate == "gone":  # trained now, or lost to failed episodes (counted)
                 continue
             self.buffer.abort(group_id)
             self.start_versions.pop(number, None)
-            if state == "pending":
+            if fate == "pending":
                 queue.append(number)  # the long tail: replayed in a long round
                 aborted.append(number)
             else:

@@ -95,7 +95,9 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
             if policy is not None:
                 raise ValueError("train(policy=...) serves one policy; a multi-agent run starts its own engines.")
             if config.tail_batching:
-                raise ValueError("tail_batching plays a single-agent env's groups in rounds; a multi-agent run cannot use it.")
+                raise ValueError(
+                    "tail_batching plays a single-agent env's groups in rounds; a multi-agent run cannot use it."
+                )
             if config.curriculum.selection != "uniform":
                 raise ValueError(
                     f"curriculum.selection {config.curriculum.selection!r} chooses a single-agent env's prompts; "
