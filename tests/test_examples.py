@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -108,3 +109,25 @@ def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_
     out = agentrl("eval", "agentrl/Waltz-v0", f"--model={tiny_model_dir}", "--backend=hf", "--episodes=2",
                   "max_tokens=8", "max_length=2048").stdout  # fmt: skip
     assert "WaltzRL metrics" in out and "ASR" in out, out
+
+
+def test_the_hallway_example_trains_with_gigpo_on_the_rooms_as_states(tiny_model_dir, tmp_path):
+    # examples/hallway.yaml as it stands (GiGPO, the room as each turn's state), with only the
+    # model, the backend and the budget made small; the batch's turns carry the env's state keys.
+    config = EXAMPLES / "hallway.yaml"
+    assert "agentrl train examples/hallway.yaml" in "\n".join(config.read_text().splitlines()[:5])
+    small = [f"rollout.model={tiny_model_dir}", "rollout.backend=hf", "rollout.group_size=4", "rollout.max_tokens=4",
+             "trainer.micro_batch_size=4", "trainer.trainable_layers=1", "steps=1", "eval_episodes=2",
+             f"run_dir={tmp_path / 'run'}"]  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", str(config), *small],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    settings = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert settings["trainer"]["algorithm"] == "gigpo" and settings["trainer"]["gamma"] == 0.9
+    sample = json.loads((tmp_path / "run" / "samples" / "train-000001.jsonl").read_text().splitlines()[0])
+    assert "The hallway has rooms 1 to" in sample["messages"][1]["content"]
