@@ -47,14 +47,7 @@ def test_the_negotiation_example_trains_two_policies_with_a_tiny_model_and_budge
     assert "agentrl train examples/negotiation.yaml" in "\n".join(config.read_text().splitlines()[:5])
     small = [f"rollout.model={tiny_model_dir}", "rollout.backend=hf", "rollout.group_size=2", "rollout.max_tokens=8",
              "groups_per_step=1", "steps=2", "eval_episodes=2", f"run_dir={tmp_path / 'run'}"]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", str(config), *small],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = _train(config, small)
     assert "trader_0 success rate" in done.stdout and "trader_1 success rate" in done.stdout, done.stdout
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     for policy in ("trader_0", "trader_1"):
@@ -119,15 +112,21 @@ def test_the_hallway_example_trains_with_gigpo_on_the_rooms_as_states(tiny_model
     small = [f"rollout.model={tiny_model_dir}", "rollout.backend=hf", "rollout.group_size=4", "rollout.max_tokens=4",
              "trainer.micro_batch_size=4", "trainer.trainable_layers=1", "steps=1", "eval_episodes=2",
              f"run_dir={tmp_path / 'run'}"]  # fmt: skip
+    _train(config, small)
+    settings = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert settings["trainer"]["algorithm"] == "gigpo" and settings["trainer"]["gamma"] == 0.9
+    sample = json.loads((tmp_path / "run" / "samples" / "train-000001.jsonl").read_text().splitlines()[0])
+    assert "The hallway has rooms 1 to" in sample["messages"][1]["content"]
+
+
+def _train(config: Path, overrides: list[str]) -> subprocess.CompletedProcess[str]:
+    """``agentrl train CONFIG OVERRIDES`` in a process of its own, checked to exit 0."""
     done = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", str(config), *small],
+        [sys.executable, "-m", "agentrl.cli", "train", str(config), *overrides],
         capture_output=True,
         text=True,
         timeout=600,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    settings = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert settings["trainer"]["algorithm"] == "gigpo" and settings["trainer"]["gamma"] == 0.9
-    sample = json.loads((tmp_path / "run" / "samples" / "train-000001.jsonl").read_text().splitlines()[0])
-    assert "The hallway has rooms 1 to" in sample["messages"][1]["content"]
+    return done

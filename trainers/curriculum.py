@@ -18,10 +18,11 @@ groups just had, so it follows the policy as it learns.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 from torch import nn
+
+from agentrl.trainers.models import ValueModel
 
 
 def closest_to_target(predictions: Sequence[float] | torch.Tensor, k: int, target: float = 0.5) -> list[int]:
@@ -38,22 +39,13 @@ def closest_to_target(predictions: Sequence[float] | torch.Tensor, k: int, targe
     return order[:k]
 
 
-class PromptValueModel(nn.Module):
+class PromptValueModel(ValueModel):
     """``V(x)`` in ``[0, 1]``: the backbone of the model at ``path`` (its own copy) and a linear head
-    on the hidden state of the prompt's last token, through a sigmoid. The head starts at zero, so
-    every prompt starts at 0.5."""
+    on the hidden state of the prompt's last token, through a sigmoid. It is built as the PPO
+    critic is (the head starts at zero, so every prompt starts at 0.5) but reads one value per
+    prompt rather than one per token."""
 
-    def __init__(self, path: str | Path, *, dtype: str = "float32", device: str = "cpu"):
-        super().__init__()
-        from transformers import AutoModel
-
-        self.backbone = AutoModel.from_pretrained(str(path), dtype=getattr(torch, dtype))
-        self.head = nn.Linear(self.backbone.config.hidden_size, 1, dtype=getattr(torch, dtype))
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-        self.to(device)
-
-    def forward(self, prompts: Sequence[Sequence[int]], pad_token_id: int = 0) -> torch.Tensor:
+    def forward(self, prompts: Sequence[Sequence[int]], pad_token_id: int = 0) -> torch.Tensor:  # type: ignore[override]
         """``[N]`` predictions for ``N`` prompts given as token ids (right-padded here)."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("PromptValueModel needs at least one prompt, each with at least one token.")
