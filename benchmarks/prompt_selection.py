@@ -2,6 +2,7 @@
 
     python benchmarks/prompt_selection.py                         # three runs on examples/hallway.yaml, about 30 minutes
     python benchmarks/prompt_selection.py --selections uniform,pcl --steps 12
+    python benchmarks/prompt_selection.py --config examples/quickstart.yaml --eval-every 0   # the main job's task
     python benchmarks/prompt_selection.py --quick                 # smoke test: 1 step each, 8 eval episodes
 
 Each run is ``agentrl train examples/hallway.yaml trainer.algorithm=grpo`` (SmolLM2 on vLLM,
@@ -35,13 +36,13 @@ from agentrl.testing import train_in_subprocess
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "hallway.yaml"
-GROUP_SIZE = 8  # examples/hallway.yaml's rollout.group_size
+GROUP_SIZE = 8  # rollout.group_size of examples/hallway.yaml and examples/quickstart.yaml
 
 
-def train(selection: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
-    """One ``agentrl train`` of the hallway example with GRPO and this prompt selection."""
+def train(config: Path, selection: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
+    """One ``agentrl train`` of ``config`` with GRPO and this prompt selection."""
     overrides = ["trainer.algorithm=grpo", f"curriculum.selection={selection}", *extra]
-    wall = train_in_subprocess(CONFIG, overrides, run_dir)
+    wall = train_in_subprocess(config, overrides, run_dir)
     steps = [m for m in read_metrics(run_dir) if "train/effective_group_fraction" in m]
     filtered = sum(m.get("train/filtered_groups", 0.0) for m in steps)
     return {
@@ -58,6 +59,9 @@ def train(selection: str, run_dir: Path, extra: list[str]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--config", type=Path, default=CONFIG, help="the training config (default: the hallway example)"
+    )
     parser.add_argument("--selections", default="uniform,pcl,filter")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--eval-every", type=int, default=4)
@@ -71,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     with tempfile.TemporaryDirectory(prefix="agentrl-selection-") as tmp:
         for selection in args.selections.split(","):
-            result = train(selection, Path(tmp) / selection, extra)
+            result = train(args.config, selection, Path(tmp) / selection, extra)
             results.append(result)
             print(json.dumps(result), flush=True)
     print(
