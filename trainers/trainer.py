@@ -253,7 +253,7 @@ class Trainer:
             metrics["train/policy_lag_logprob_gap"] = float(gaps[2] / gaps[3])
         self.step_count += 1
         metrics.update(_batch_metrics(batch))
-        metrics["train/stale_token_fraction"] = float((stale & (batch.loss_mask > 0)).sum()) / max(batch.num_tokens, 1)
+        metrics["train/stale_token_fraction"] = float(stale.sum()) / max(batch.num_tokens, 1)  # stale: generated only
         metrics["train/corrected"] = float(correction != "none")
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["perf/time_train"] = time.perf_counter() - started
