@@ -667,8 +667,11 @@ _EVAL_ROWS = (
     ("eval/reward_mean", "mean reward", "{:.3f}"),
     ("eval/episodes", "episodes", "{:.0f}"),
     ("eval/failed", "failed", "{:.0f}"),
+    ("eval/reference_nll", "reference NLL per token", "{:.3f}"),
 )
 """The held-out rows of ``agentrl train``'s summary: metric, label, format."""
+_OPTIONAL_EVAL_ROWS = ("eval/reference_nll",)
+"""Rows shown only by runs that log them (envs with reference answers)."""
 
 
 def _print_train_summary(config: Any, result: Any) -> None:
@@ -690,6 +693,8 @@ def _print_train_summary(config: Any, result: Any) -> None:
             table.add_section()
         for name, label, fmt in _EVAL_ROWS:
             metric = name if policy is None else policy_metric(name, policy)
+            if name in _OPTIONAL_EVAL_ROWS and metric not in before and metric not in after:
+                continue
             table.add_row(
                 label if policy is None else f"{policy} {label}",
                 fmt.format(before[metric]) if metric in before else "-",

@@ -490,6 +490,9 @@ class Controller:
             "eval/failed": float(engine.stats.failed),
             "eval/seconds": time.perf_counter() - started,
         }
+        nll = await asyncio.to_thread(self.trainer.reference_nll, played)
+        if nll is not None:  # the env gave reference answers: how likely the policy finds them
+            result["eval/reference_nll"] = nll
         self.metrics.log(step, result)
         return result
 

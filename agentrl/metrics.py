@@ -86,6 +86,9 @@ METRICS: Mapping[str, str] = {
     "train/pcl_value_loss": "curriculum.selection pcl: the value model's squared error on this batch's group success rates, before its update",
     "train/pcl_predicted_mean": "curriculum.selection pcl: mean predicted success of the groups this step trained on, when they were chosen",
     "train/pcl_success_mean": "curriculum.selection pcl: their mean observed success rate (the value model's targets)",
+    "train/reference_loss": "jepo: the supervised term, weighted negative log-likelihood per reference-answer token",
+    "train/reference_nll": "jepo: negative log-likelihood per token of the reference answers after this step's trajectories, before the update",
+    "train/jensen_bound": "jepo: the groups' Jensen lower bound on log p(reference | prompt), per reference token, before the update",
     "train/effective_group_fraction": "share of this step's groups whose rewards are not all equal (the others give GRPO no signal)",
     "train/trajectories": "trajectories this step trained on",
     "train/generated_tokens": "generated (loss-masked) tokens this step trained on",
@@ -110,6 +113,10 @@ METRICS: Mapping[str, str] = {
     "eval/seconds": "wall time of this evaluation (time a training step did not use)",
     "eval/episodes": "held-out episodes played",
     "eval/failed": "held-out episodes that ended with an error",
+    "eval/reference_nll": (
+        "envs with reference answers (info['reference']): negative log-likelihood per token of the held-out "
+        "references after the policy's own episode, under the trainer's weights"
+    ),
     "eval/vs_base_success_rate": (
         "multi-agent runs (`eval_against_base`): success rate of a trained policy's agents on the held-out split, "
         "with the base model in every other seat"

@@ -120,6 +120,13 @@ class Trajectory:
     ``turn_rewards[i]`` are placed there (PPO/GAE). ``reward`` is the episode's return, the sum of
     the per-turn rewards. Trajectories sampled from the same prompt and seed share ``group_id``
     (the GRPO baseline).
+
+    An env that holds a reference answer it cannot verify against (``info["reference"]`` at the
+    end of the episode) gets it recorded after the episode: ``reference_ids`` are the tokens that
+    would follow ``token_ids`` if the policy answered with the reference (the env's last
+    observation, then the reference as the next assistant reply), and ``reference_mask`` is 1 on
+    the reply's own tokens (its text and the end-of-turn token). They are not part of
+    ``token_ids``: nobody generated them. JEPO scores them (``log pi(reference | prompt, episode)``).
     """
 
     token_ids: list[int] = field(default_factory=list)
@@ -133,6 +140,12 @@ class Trajectory:
     """The state each turn answered, as a key: the env's ``info["state_key"]`` for the observation
     before the turn, else a digest of that observation's messages (GiGPO's anchor states; empty in
     trajectories recorded without them)."""
+    reference_ids: list[int] = field(default_factory=list)
+    """Tokens to append after ``token_ids`` to teacher-force the env's reference answer (empty
+    without one)."""
+    reference_mask: list[int] = field(default_factory=list)
+    """Per token of ``reference_ids``: 1 on the reference reply's own tokens, 0 on the template
+    around them."""
     reward: float = 0.0
     messages: list[Message] = field(default_factory=list)
     env_id: str = ""
@@ -162,6 +175,11 @@ class Trajectory:
             raise ValueError(
                 f"Trajectory has {len(self.turn_ends)} turn_ends but {len(self.turn_rewards)} "
                 "turn_rewards; give one reward per generated turn."
+            )
+        if len(self.reference_mask) != len(self.reference_ids) or any(m not in (0, 1) for m in self.reference_mask):
+            raise ValueError(
+                f"Trajectory.reference_mask must hold one 0 or 1 per reference id; got {len(self.reference_mask)} "
+                f"entries for {len(self.reference_ids)} reference ids."
             )
         if self.turn_states and len(self.turn_states) != len(self.turn_ends):
             raise ValueError(

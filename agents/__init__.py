@@ -4,7 +4,15 @@ records an episode as exact token ids. The tool-call formats of the env contract
 (:mod:`agentrl.tool_calls`) are re-exported here."""
 
 from agentrl.agents.chat import ChatAgent, ChatTemplateError
-from agentrl.agents.trajectory import TrajectoryBuilder
+from agentrl.agents.trajectory import TrajectoryBuilder, reference_trajectory
 from agentrl.tool_calls import TOOL_FORMATS, format_tool_calls, parse_reply
 
-__all__ = ["TOOL_FORMATS", "ChatAgent", "ChatTemplateError", "TrajectoryBuilder", "format_tool_calls", "parse_reply"]
+__all__ = [
+    "TOOL_FORMATS",
+    "ChatAgent",
+    "ChatTemplateError",
+    "TrajectoryBuilder",
+    "format_tool_calls",
+    "parse_reply",
+    "reference_trajectory",
+]

@@ -298,6 +298,19 @@ class ChatAgent:
                 return ids
         return self.encode(self.observation_text(messages, turn_closed=turn_closed))
 
+    def reply_ids(self, text: str) -> list[int]:
+        """Token ids of an assistant reply whose content is ``text``, as the policy would generate
+        them: the text (special-token strings in it kept as text), then :attr:`end_of_turn_ids`.
+        What a reference answer is teacher-forced as (see :meth:`TrajectoryBuilder.add_reference`).
+
+        >>> from agentrl.testing import build_tiny_tokenizer
+        >>> agent = ChatAgent(build_tiny_tokenizer())
+        >>> agent.reply_ids("5") == agent.encode("5") + agent.end_of_turn_ids
+        True
+        """
+        ids = self.guard.encode(self.guard.mark(text), self.encode) if self.guard.needs(text) else self.encode(text)
+        return ids + self.end_of_turn_ids
+
     def ends_turn(self, token_ids: Sequence[int]) -> bool:
         """Whether generated ``token_ids`` end with the end-of-turn token (the policy stopped on it)."""
         n = len(self.end_of_turn_ids)

@@ -195,6 +195,22 @@ class TrajectoryBuilder:
         self.add_reward(reward)
         self._expect = "finish"
 
+    def add_reference(self, messages: Sequence[Message], reference: str) -> None:
+        """Record the env's reference answer after the episode's last turn (``info["reference"]``):
+        the tokens that would follow if the env's last answer, ``messages``, were appended and the
+        policy replied with ``reference`` (:attr:`Trajectory.reference_ids`; the reply's own tokens
+        are marked in :attr:`Trajectory.reference_mask`). Call it after
+        :meth:`add_final_observation`, with the same messages; only :meth:`finish` may follow."""
+        self._check_order("finish")
+        if self._trajectory.reference_ids:
+            raise RuntimeError("add_reference was already called; an episode has one reference answer.")
+        if not isinstance(reference, str) or not reference:
+            raise ValueError(f"A reference answer must be a non-empty str, got {reference!r:.80}.")
+        context = self.agent.observation_ids(messages, turn_closed=self._turn_closed)
+        reply = self.agent.reply_ids(reference)
+        self._trajectory.reference_ids = context + reply
+        self._trajectory.reference_mask = [0] * len(context) + [1] * len(reply)
+
     def add_reward(self, reward: float, turn: int = -1) -> None:
         """Add ``reward`` to a turn's reward (the last turn by default)."""
         if reward and not self._trajectory.turn_rewards:
@@ -252,6 +268,42 @@ class TrajectoryBuilder:
             "finished": "the episode is finished; start a new TrajectoryBuilder",
         }
         raise RuntimeError(f"Cannot {step} here: {hints[self._expect]}.")
+
+
+def reference_trajectory(
+    agent: ChatAgent, messages: Sequence[Message], reference: str, *, env_id: str = "", group_id: str = ""
+) -> Trajectory:
+    """A trajectory in which nothing was generated: the prompt for ``messages``, then ``reference``
+    teacher-forced as the policy's reply (``reference_ids``, every one of its tokens scored).
+
+    Supervised fine-tuning on reference answers trains on these (a ``Trainer`` with
+    ``algorithm="jepo"``: in a group of one a trajectory's advantage is 0 and its reference weight
+    1, so the update is the reference's token-mean negative log-likelihood, nothing else), and a
+    reference's likelihood straight after the prompt, without a chain of thought, is read from them.
+
+    >>> from agentrl.testing import build_tiny_tokenizer
+    >>> agent = ChatAgent(build_tiny_tokenizer())
+    >>> t = reference_trajectory(agent, [Message("user", "2 + 3?")], "5")
+    >>> t.num_generated, t.reference_mask == [1] * len(agent.reply_ids("5"))
+    (0, True)
+    """
+    prompt = agent.prompt_ids(messages)
+    reply = agent.reply_ids(reference)
+    trajectory = Trajectory(
+        token_ids=prompt,
+        loss_mask=[0] * len(prompt),
+        logprobs=[0.0] * len(prompt),
+        versions=[-1] * len(prompt),
+        prompt_length=len(prompt),
+        reference_ids=reply,
+        reference_mask=[1] * len(reply),
+        messages=agent.conversation(messages),
+        env_id=env_id,
+        group_id=group_id,
+        terminated=True,
+    )
+    trajectory.validate()
+    return trajectory
 
 
 def observation_key(messages: Sequence[Message]) -> str:

@@ -7,6 +7,7 @@ from agentrl.envs import (  # noqa: F401
     codebreaker,
     codesandbox,  # noqa: F401  (needs a sandbox backend at reset, not at import)
     countdown,
+    explain,  # noqa: F401  (long-form reference answers: JEPO's measurement)
     hallway,  # noqa: F401  (multi-turn with repeated states: GiGPO's measurement)
     negotiation,  # noqa: F401  (multi-agent: agentrl.multiagent.make_multiagent)
     tool_arithmetic,  # noqa: F401  (the quickstart's task)

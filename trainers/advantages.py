@@ -8,7 +8,8 @@ turn from its return to go instead (:func:`turn_returns`, :func:`turn_group_adva
 Token-level estimators (REINFORCE++, GAE) read ``token_rewards`` ``[B, T]``, where each turn's
 reward sits on the last generated token of the turn, and run over generated tokens only: prompt,
 observation and padding positions (``mask`` 0) are skipped, as if the generated tokens of all turns
-stood side by side.
+stood side by side. JEPO (:func:`jensen_terms`) is sequence-level too, with a reward the trainer
+computes itself: the log-likelihood the policy gives a reference answer after the trajectory.
 Every ``[B, T]`` result is 0 where ``mask`` is 0.
 
 :func:`estimate_advantages` is the one call a trainer makes, for every algorithm: it picks an
@@ -19,6 +20,7 @@ critic learns from.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Literal, NamedTuple, Protocol
 
@@ -96,6 +98,71 @@ def rloo_advantages(rewards: torch.Tensor, group_index: torch.Tensor) -> torch.T
     rewards = rewards.to(torch.float32)
     baseline = (sums - rewards) / (counts - 1).clamp(min=1)
     return torch.where(counts > 1, rewards - baseline, torch.zeros_like(rewards))
+
+
+Bound = Literal["single", "multi"]
+BOUNDS: tuple[str, ...] = ("single", "multi")
+
+
+class JensenTerms(NamedTuple):
+    """JEPO's per-trajectory terms (:func:`jensen_terms`), each ``[N]``."""
+
+    advantages: torch.Tensor
+    """The learning signal of the trajectory's own tokens (its chain of thought)."""
+    weights: torch.Tensor
+    """The weight of the reference answer's log-likelihood after the trajectory (mean 1 in a group)."""
+    bound: torch.Tensor
+    """The group's estimate of the lower bound on ``log p(reference | prompt)``."""
+
+
+def jensen_terms(logliks: torch.Tensor, group_index: torch.Tensor, *, bound: Bound = "multi") -> JensenTerms:
+    """JEPO (Tang, Wang, Madaan and Munos, "Beyond Verifiable Rewards: Scaling Reinforcement Learning
+    for Language Models to Unverifiable Data", 2025): the gradient of a Jensen lower bound on the
+    log-likelihood of a reference answer ``y*``, with the chain of thought ``z`` as a latent variable.
+
+    ``logliks[i] = log pi(y* | x, z_i)`` for the ``K`` samples ``z_i ~ pi(. | x)`` of a group:
+
+    - ``single``: ``J = mean_i logliks[i]`` (``E_z log pi(y*|x,z) <= log p(y*|x)``); each
+      trajectory's advantage is ``logliks[i] - mean_{j != i} logliks[j]`` (RLOO's baseline) and its
+      reference weight 1;
+    - ``multi``: ``J = log mean_i pi(y*|x,z_i)``, the K-sample bound (tighter; the paper's
+      multi-sample JEPO); advantage ``K * (J - log mean_{j != i} pi(y*|x,z_j))`` (the bound without
+      sample ``i``: a baseline that does not depend on ``z_i``) and weight ``K * softmax(logliks)_i``.
+
+    Both are ``K`` times the gradient of ``J``, shared out per trajectory: the other estimators'
+    scale, so a token-mean loss over a batch is a mean over its trajectories. A group of one sample
+    gets advantage 0 and weight 1 (no baseline; a plain supervised term on the reference).
+
+    >>> terms = jensen_terms(torch.tensor([1.0, 3.0]).log(), torch.tensor([0, 0]), bound="multi")  # p = 1, 3
+    >>> terms.bound, terms.weights
+    (tensor([0.6931, 0.6931]), tensor([0.5000, 1.5000]))
+    """
+    if bound not in BOUNDS:
+        hint = did_you_mean(bound, BOUNDS)
+        raise ValueError(f"bound must be one of {BOUNDS}, got {bound!r}." + (f" {hint}" if hint else ""))
+    if logliks.ndim != 1 or group_index.shape != logliks.shape:
+        raise ValueError(
+            f"logliks and group_index must both be [N], got shapes {tuple(logliks.shape)} and "
+            f"{tuple(group_index.shape)}."
+        )
+    logliks = logliks.to(torch.float32)
+    advantages, weights, value = torch.zeros_like(logliks), torch.ones_like(logliks), torch.zeros_like(logliks)
+    for group in torch.unique(group_index):
+        rows = (group_index == group).nonzero().squeeze(-1)
+        samples = logliks[rows]
+        k = len(rows)
+        if bound == "single":
+            value[rows] = samples.mean()
+            if k > 1:
+                advantages[rows] = samples - (samples.sum() - samples) / (k - 1)
+            continue
+        value[rows] = torch.logsumexp(samples, 0) - math.log(k)
+        if k > 1:
+            others = samples.expand(k, k).masked_fill(torch.eye(k, dtype=torch.bool, device=samples.device), -math.inf)
+            without = torch.logsumexp(others, 1) - math.log(k - 1)
+            advantages[rows] = k * (value[rows] - without)
+            weights[rows] = k * torch.softmax(samples, 0)
+    return JensenTerms(advantages, weights, value)
 
 
 def expand_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -455,6 +522,7 @@ class AdvantageEstimator(Protocol):
         whiten: bool,
         returns: Returns,
         step_weight: float,
+        bound: Bound,
     ) -> Advantages: ...
 
 
@@ -573,6 +641,21 @@ def _gigpo(
     return Advantages(expand_turns_to_tokens(advantages, batch.turn_index))
 
 
+def _jepo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, bound: Bound, **_: object) -> Advantages:
+    if batch.reference_mask is None or bool((batch.reference_mask.sum(-1) == 0).any()):
+        raise ValueError(
+            "jepo scores a reference answer after each trajectory, but some trajectories of this batch have none; "
+            "use an env that ends its episodes with info['reference'] (e.g. agentrl/Explain-v0), or another algorithm."
+        )
+    terms = jensen_terms(batch.rewards, batch.group_index, bound=bound)  # rewards: log pi(reference | ...)
+    advantages = terms.advantages  # in nats, unscaled as in the paper; scale opts in to GRPO's scalings
+    if scale == "group":
+        advantages = advantages / (_group_stats(advantages, batch.group_index)[2] + 1e-6)
+    elif scale == "batch" and advantages.numel() > 1:
+        advantages = advantages / (advantages.std() + 1e-6)
+    return Advantages(expand_to_tokens(advantages, batch.loss_mask))
+
+
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": _grpo,
     "gigpo": _gigpo,
@@ -580,6 +663,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "rloo": _rloo,
     "reinforce_pp": _reinforce_pp,
     "gae": _gae,
+    "jepo": _jepo,
 }
 """The advantage estimators by name, each with the :class:`AdvantageEstimator` call shape."""
 
@@ -596,13 +680,14 @@ def estimate_advantages(
     whiten: bool = True,
     returns: Returns = "episode",
     step_weight: float = 1.0,
+    bound: Bound = "multi",
 ) -> Advantages:
     """The :class:`Advantages` of ``batch`` by the estimator called ``name``: ``[B, T]`` advantages
     (0 off generated tokens) and, from ``gae``, the critic's ``[B, T]`` returns (None otherwise).
 
     Args:
         name: a key of :data:`ADVANTAGE_ESTIMATORS`: ``grpo``, ``dr_grpo``, ``rloo``,
-            ``reinforce_pp``, ``gae`` or ``gigpo``.
+            ``reinforce_pp``, ``gae``, ``gigpo`` or ``jepo``.
         batch: the whole batch (group baselines need every member of a group: estimate before
             splitting into micro-batches).
         values: the critic's ``[B, T]`` values, aligned with the tokens; only ``gae`` reads them
@@ -611,8 +696,8 @@ def estimate_advantages(
         gamma: discount per generated token (``reinforce_pp``, ``gae``); per turn for ``gigpo``'s
             step returns.
         lam: GAE's lambda.
-        scale: ``grpo``'s scaling (``group`` when unset); ``dr_grpo`` allows only ``none``; the
-            other estimators ignore it.
+        scale: ``grpo``'s scaling (``group`` when unset); ``dr_grpo`` allows only ``none``;
+            ``jepo`` scales only when asked (``none`` when unset); the other estimators ignore it.
         token_rewards: replaces ``batch.token_rewards`` for the token-level estimators (and the
             group ones with ``returns="turn"``), e.g. with a KL penalty added
             (:func:`agentrl.trainers.losses.kl_penalty_rewards`).
@@ -624,6 +709,8 @@ def estimate_advantages(
             given to that turn's tokens. ``reinforce_pp`` and ``gae`` are token-level already and
             ignore it; ``gigpo`` has both levels of its own.
         step_weight: ``gigpo``'s weight of the step-level advantage (the paper's omega).
+        bound: ``jepo``'s Jensen bound, ``single`` or ``multi`` (:func:`jensen_terms`); ``jepo``
+            reads ``batch.rewards`` as each trajectory's ``log pi(reference | prompt, trajectory)``.
 
     Raises:
         ValueError: for an unknown name (with the closest known one), an unknown ``returns``,
@@ -649,4 +736,5 @@ def estimate_advantages(
         whiten=whiten,
         returns=returns,
         step_weight=step_weight,
+        bound=bound,
     )

@@ -4,7 +4,9 @@
 aligned with the token ids: position ``t`` of every per-token tensor describes token ``t``
 (its behaviour log-prob given the tokens before it, the policy version that made it, the reward
 placed on it). Padding positions have ``loss_mask`` 0, like prompt and observation tokens, so every
-loss that is masked by ``loss_mask`` ignores them.
+loss that is masked by ``loss_mask`` ignores them. A trajectory's reference answer
+(``Trajectory.reference_ids``, JEPO) follows its tokens in the row, with ``loss_mask`` 0 and
+``reference_mask`` 1 on the reply's own tokens.
 
 A :class:`Batch` is cut into micro-batches with :meth:`Batch.split` (or :meth:`Batch.select`)
 without renumbering anything: ``group_index`` keeps the numbering of the whole batch, so compute
@@ -56,7 +58,7 @@ class Batch:
     versions: torch.Tensor
     """``[B, T]`` long: the policy version that generated each token (-1 where none)."""
     lengths: torch.Tensor
-    """``[B]`` long: each trajectory's length before padding."""
+    """``[B]`` long: each trajectory's length before padding (its reference answer included)."""
     turn_index: torch.Tensor
     """``[B, T]`` long: the turn of each generated token, ``0..K-1`` (turn ``k`` is the generated
     tokens after ``turn_ends[k-1]`` up to ``turn_ends[k]``); -1 on prompt, observation and padding
@@ -64,6 +66,10 @@ class Batch:
     Turn-level returns (``returns="turn"``) read it with ``token_rewards``."""
     group_ids: tuple[str, ...] = ()
     """The ``group_id`` string of each group index (``group_ids[group_index[i]]``)."""
+    reference_mask: torch.Tensor | None = None
+    """``[B, T]`` float: 1 on the tokens of a reference answer appended after the trajectory
+    (``Trajectory.reference_ids`` where ``reference_mask`` is 1), 0 elsewhere; None when no
+    trajectory of the batch has one."""
     turn_states: torch.Tensor | None = None
     """``[B, K]`` long: each turn's state (``Trajectory.turn_states``) as a number, equal numbers for
     equal keys across the batch; -1 past a trajectory's turns or where it recorded no states (GiGPO)."""
@@ -79,6 +85,8 @@ class Batch:
     """Each generated token's advantage (:func:`agentrl.trainers.advantages.estimate_advantages`)."""
     returns: torch.Tensor | None = None
     """The critic's targets (PPO: GAE's returns)."""
+    reference_weights: torch.Tensor | None = None
+    """``[B]``: the weight of each trajectory's reference answer in JEPO's supervised term."""
 
     def __len__(self) -> int:
         """The number of trajectories ``B``."""
@@ -88,6 +96,11 @@ class Batch:
     def num_tokens(self) -> int:
         """How many tokens carry a loss (the sum of ``loss_mask``)."""
         return int(self.loss_mask.sum().item())
+
+    @property
+    def num_reference_tokens(self) -> int:
+        """How many reference-answer tokens the batch scores (the sum of ``reference_mask``)."""
+        return 0 if self.reference_mask is None else int(self.reference_mask.sum().item())
 
     @property
     def num_seqs(self) -> int:
@@ -157,7 +170,7 @@ def collate(
     for i, trajectory in enumerate(trajectories):
         _check(i, trajectory)
 
-    lengths = [len(t.token_ids) for t in trajectories]
+    lengths = [len(t.token_ids) + len(t.reference_ids) for t in trajectories]
     width = max(lengths)
     if pad_to_multiple_of is not None:
         width = -(-width // pad_to_multiple_of) * pad_to_multiple_of
@@ -175,13 +188,18 @@ def collate(
     most_turns = max((len(t.turn_ends) for t in trajectories), default=0)
     turn_states = torch.full((batch_size, most_turns), -1, dtype=torch.long)
     state_numbers: dict[str, int] = {}
+    references = any(t.reference_ids for t in trajectories)
+    reference_mask = torch.zeros((batch_size, width), dtype=torch.float32) if references else None
     for row, trajectory in enumerate(trajectories):
-        n = lengths[row]
+        n, total = len(trajectory.token_ids), lengths[row]
         input_ids[row, :n] = torch.tensor(trajectory.token_ids, dtype=torch.long)
-        attention_mask[row, :n] = 1
+        attention_mask[row, :total] = 1
         loss_mask[row, :n] = torch.tensor(trajectory.loss_mask, dtype=torch.float32)
         behaviour_logprobs[row, :n] = torch.tensor(trajectory.logprobs, dtype=torch.float32)
         versions[row, :n] = torch.tensor(trajectory.versions, dtype=torch.long)
+        if reference_mask is not None and trajectory.reference_ids:
+            input_ids[row, n:total] = torch.tensor(trajectory.reference_ids, dtype=torch.long)
+            reference_mask[row, n:total] = torch.tensor(trajectory.reference_mask, dtype=torch.float32)
         start = 0
         for turn, (end, reward) in enumerate(zip(trajectory.turn_ends, trajectory.turn_rewards, strict=True)):
             token_rewards[row, end] += reward
@@ -203,6 +221,7 @@ def collate(
         lengths=torch.tensor(lengths, dtype=torch.long),
         turn_index=torch.where(loss_mask > 0, turn_index, -1),
         group_ids=tuple(group_numbers),
+        reference_mask=reference_mask,
         turn_states=turn_states,
     )
 

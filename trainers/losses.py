@@ -275,6 +275,26 @@ def policy_loss(
     return loss, PolicyLossStats(*(s.detach() for s in stats))
 
 
+def reference_loss(
+    logprobs: torch.Tensor, reference_mask: torch.Tensor, weights: torch.Tensor, *, num_tokens: float | None = None
+) -> torch.Tensor:
+    """JEPO's supervised term: the negative log-likelihood of reference answers, each trajectory's
+    reference tokens weighted by ``weights[i]`` (:func:`agentrl.trainers.advantages.jensen_terms`;
+    all 1 is plain supervised fine-tuning), summed and divided by ``num_tokens`` (the reference
+    tokens of the whole mini-batch; this micro-batch's when None), so micro-batches add up.
+
+    >>> reference_loss(torch.tensor([[0.0, -1.0, -2.0]]), torch.tensor([[0.0, 1.0, 1.0]]), torch.tensor([2.0]))
+    tensor(3.)
+    """
+    if logprobs.shape != reference_mask.shape or weights.shape != logprobs.shape[:1]:
+        raise ValueError(
+            f"reference_loss takes logprobs and reference_mask [B, T] and weights [B], got {tuple(logprobs.shape)}, "
+            f"{tuple(reference_mask.shape)} and {tuple(weights.shape)}."
+        )
+    count = reference_mask.sum().clamp(min=1) if num_tokens is None else max(num_tokens, 1.0)
+    return -(logprobs * reference_mask * weights[:, None]).sum() / count
+
+
 def value_loss(
     values: torch.Tensor,
     old_values: torch.Tensor,

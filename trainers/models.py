@@ -15,13 +15,17 @@ adapter's tensors), and its adapter policy is made with :func:`adapter_config`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 from torch import nn
+
+from agentrl.trainers.advantages import jensen_terms
+from agentrl.trainers.batch import Batch, collate
+from agentrl.types import Trajectory
 
 
 class TokenStats(NamedTuple):
@@ -171,6 +175,72 @@ def generated_logprobs(
         ).last_hidden_state
         _fill(logprobs, entropy, hidden, input_ids, loss_mask, rows, prefix, entropy_grad, temperature, head=head)
     return TokenStats(logprobs, entropy)
+
+
+def reference_logliks(
+    model: nn.Module, batch: Batch, micro_batch_size: int, *, temperature: float = 1.0
+) -> torch.Tensor:
+    """``[B]``: each row's log-likelihood of its reference answer, the sum of the log-probs of the
+    tokens where ``batch.reference_mask`` is 1 (0 for a row without one), micro-batch by
+    micro-batch. Run it under ``torch.no_grad()`` unless its gradient is wanted."""
+    if batch.reference_mask is None:
+        return torch.zeros(len(batch), device=batch.input_ids.device)
+    parts = [
+        generated_logprobs(
+            model,
+            micro.input_ids,
+            micro.attention_mask,
+            micro.reference_mask,
+            group_index=micro.group_index,
+            temperature=temperature,
+        ).logprobs.sum(-1)
+        for micro in batch.split(micro_batch_size)
+    ]
+    return torch.cat(parts)
+
+
+class ReferenceScores(NamedTuple):
+    """How likely a model finds reference answers (:func:`score_references`)."""
+
+    nll: float
+    """Negative log-likelihood per reference token, over every scored trajectory: ``-E log pi(y*|x,z)``
+    per token, the single-sample Jensen bound (a trajectory with no generated tokens: ``-log pi(y*|x)``)."""
+    bound_nll: float
+    """The same per token from each group's multi-sample bound ``-log mean_i pi(y*|x,z_i)`` (equal to
+    ``nll`` when every group holds one trajectory)."""
+    trajectories: int
+    """How many trajectories had a reference to score."""
+
+
+def score_references(
+    model: nn.Module,
+    trajectories: Sequence[Trajectory],
+    pad_token_id: int,
+    *,
+    micro_batch_size: int = 8,
+    temperature: float = 1.0,
+) -> ReferenceScores | None:
+    """The likelihood ``model`` gives the reference answers of ``trajectories``
+    (``Trajectory.reference_ids``), each after its own episode; None when none has one. Failed
+    episodes are left out. Groups (``group_id``) of several episodes of one prompt also give the
+    multi-sample bound."""
+    scored = [t for t in trajectories if t.reference_ids and not t.error]
+    if not scored:
+        return None
+    device = next(model.parameters()).device
+    batch = collate(scored, pad_token_id).to(device)
+    assert batch.reference_mask is not None  # every row has a reference
+    with torch.no_grad():
+        logliks = reference_logliks(model, batch, micro_batch_size, temperature=temperature)
+    tokens = batch.reference_mask.sum(-1)
+    bound = jensen_terms(logliks, batch.group_index, bound="multi").bound
+    first = torch.zeros(len(batch), dtype=torch.bool, device=device)  # one row per group for its bound
+    first[[int((batch.group_index == g).nonzero()[0]) for g in torch.unique(batch.group_index)]] = True
+    return ReferenceScores(
+        nll=float(-logliks.sum() / tokens.sum()),
+        bound_nll=float(-bound[first].sum() / tokens[first].sum()),
+        trajectories=len(scored),
+    )
 
 
 def _fill(

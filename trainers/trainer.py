@@ -9,11 +9,13 @@ bottom:
    single update they equal the current ones, detached), the reference log-probs (KL) and values
    (PPO);
 3. advantages from rewards with an optional KL penalty, by the algorithm's estimator in
-   :data:`~agentrl.trainers.advantages.ADVANTAGE_ESTIMATORS` (GRPO, Dr. GRPO, RLOO, REINFORCE++, or
-   GAE for PPO, which also gives the critic's returns);
+   :data:`~agentrl.trainers.advantages.ADVANTAGE_ESTIMATORS` (GRPO, Dr. GRPO, RLOO, REINFORCE++,
+   GiGPO, or GAE for PPO, which also gives the critic's returns); for JEPO the rewards are first
+   replaced by the log-likelihood the policy gives each trajectory's reference answer;
 4. for each epoch and mini-batch: micro-batches with gradient accumulation, each loss aggregated
    with the whole mini-batch's token and sequence counts (so accumulation changes nothing), then
-   gradient clipping, an optimizer step and a scheduler step.
+   gradient clipping, an optimizer step and a scheduler step. JEPO adds its supervised term on the
+   reference answers, from the same forward pass.
 
 Data parallel: with ``torch.distributed`` initialised, every process steps on its own share of the
 trajectories (whole groups); the counts the losses divide by and the gradients are summed over
@@ -38,13 +40,26 @@ import torch.distributed as dist
 from torch import nn
 
 from agentrl.suggest import did_you_mean
-from agentrl.trainers.advantages import RETURNS, estimate_advantages
+from agentrl.trainers.advantages import RETURNS, estimate_advantages, jensen_terms
 from agentrl.trainers.batch import Batch, collate
-from agentrl.trainers.losses import aggregate, kl_estimate, kl_penalty_rewards, policy_loss, value_loss
-from agentrl.trainers.models import ValueModel, generated_logprobs, inference_state_dict
+from agentrl.trainers.losses import (
+    aggregate,
+    kl_estimate,
+    kl_penalty_rewards,
+    policy_loss,
+    reference_loss,
+    value_loss,
+)
+from agentrl.trainers.models import (
+    ValueModel,
+    generated_logprobs,
+    inference_state_dict,
+    reference_logliks,
+    score_references,
+)
 from agentrl.types import Trajectory
 
-Algorithm = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo", "gigpo"]
+Algorithm = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo", "gigpo", "jepo"]
 
 ESTIMATOR_OF: dict[str, str] = {"ppo": "gae"}
 """The advantage estimator of an algorithm whose name is not an estimator's: PPO's critic-based
@@ -60,7 +75,8 @@ class TrainerConfig:
     """Settings of the optimizer and the loss. Defaults follow each method's paper; tricks are opt-in."""
 
     algorithm: Algorithm = "grpo"
-    """Advantage estimator: grpo, dr_grpo (no std scaling, token-sum loss), rloo, reinforce_pp or ppo (critic + GAE)."""
+    """Advantage estimator: grpo, dr_grpo (no std scaling, token-sum loss), rloo, reinforce_pp, ppo (critic + GAE),
+    gigpo (turn-level credit) or jepo (the likelihood of an env's reference answer as the reward)."""
     lr: float = 1e-6
     """Learning rate of the policy (AdamW)."""
     weight_decay: float = 0.0
@@ -120,6 +136,10 @@ class TrainerConfig:
     """GiGPO: the weight of the step-level advantage (among turns that answered the same state) added to the episode-level one."""
     lam: float = 0.95
     """GAE lambda (PPO)."""
+    jensen_bound: Literal["single", "multi"] = "multi"
+    """JEPO: the lower bound on log p(reference | prompt) to climb, single-sample (mean over a group) or multi-sample (log-mean-exp over a group)."""
+    reference_coef: float = 1.0
+    """JEPO: the weight of the supervised term on the reference answers against the policy-gradient term."""
     value_lr: float = 1e-5
     """Learning rate of the value model (PPO)."""
     value_clip: float = 0.2
@@ -156,6 +176,8 @@ class TrainerConfig:
                 f"returns must be one of {RETURNS} (turn: per-turn returns for grpo, dr_grpo and rloo), got "
                 f"{self.returns!r}." + (f" {hint}" if hint else "")
             )
+        if self.jensen_bound not in ("single", "multi"):
+            raise ValueError(f"jensen_bound must be 'single' or 'multi', got {self.jensen_bound!r}.")
         if self.algorithm == "dr_grpo" and self.loss_aggregation == "token-mean":
             # Dr. GRPO's point is the length-unbiased loss; its paper pairs the two.
             self.loss_aggregation = "seq-mean-token-sum-norm"
@@ -232,6 +254,8 @@ class Trainer:
                 ref_logprobs=self._logprobs(self.ref_model, batch) if self.ref_model is not None else None,
                 values=self._values(batch) if self.value_model is not None else None,
             )
+        if config.algorithm == "jepo":  # JEPO's reward: log pi(reference | prompt, trajectory)
+            batch = replace(batch, rewards=self._reference_logliks(batch))
         batch = self._with_advantages(batch)
         self.last_advantages = batch.advantages.detach().cpu() if batch.advantages is not None else None
 
@@ -253,6 +277,8 @@ class Trainer:
             metrics["train/policy_lag_logprob_gap"] = float(gaps[2] / gaps[3])
         self.step_count += 1
         metrics.update(_batch_metrics(batch))
+        if config.algorithm == "jepo":
+            metrics.update(_jepo_metrics(batch, config.jensen_bound))
         metrics["train/stale_token_fraction"] = float(stale.sum()) / max(batch.num_tokens, 1)  # stale: generated only
         metrics["train/corrected"] = float(correction != "none")
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
@@ -264,8 +290,11 @@ class Trainer:
         """Accumulate gradients over micro-batches, then one optimizer step; returns the metric sums
         and this process's log-prob gap sums (see :meth:`step`)."""
         config = self.config
-        counts = _all_sum(torch.tensor([mini.num_tokens, mini.num_seqs], dtype=torch.float64))
+        counts = _all_sum(
+            torch.tensor([mini.num_tokens, mini.num_seqs, mini.num_reference_tokens], dtype=torch.float64)
+        )
         num_tokens, num_seqs = max(float(counts[0]), 1.0), max(float(counts[1]), 1.0)
+        num_reference = float(counts[2])
         norm_length = config.norm_length or mini.input_ids.shape[1]
         self.optimizer.zero_grad(set_to_none=True)
         if self.value_optimizer is not None:
@@ -273,7 +302,7 @@ class Trainer:
         sums: dict[str, float] = {}
         gaps = torch.zeros(4, dtype=torch.float64)
         for micro, micro_stale in zip(mini.split(config.micro_batch_size), stale.split(config.micro_batch_size)):
-            losses = self._losses(micro, micro_stale, correction, num_tokens, num_seqs, norm_length)
+            losses = self._losses(micro, micro_stale, correction, num_tokens, num_seqs, norm_length, num_reference)
             losses.pop("loss").backward()
             gaps += losses.pop("gaps")
             for name, value in losses.items():
@@ -288,11 +317,19 @@ class Trainer:
         return sums, gaps
 
     def _losses(
-        self, micro: Batch, stale: torch.Tensor, correction: str, num_tokens: float, num_seqs: float, norm_length: int
+        self,
+        micro: Batch,
+        stale: torch.Tensor,
+        correction: str,
+        num_tokens: float,
+        num_seqs: float,
+        norm_length: int,
+        num_reference: float,
     ) -> dict[str, Any]:
         """The loss of one micro-batch, already divided by the mini-batch's counts, and its parts."""
         config = self.config
         mask = micro.loss_mask
+        scored = micro.reference_weights is not None and micro.reference_mask is not None  # JEPO
 
         def total(per_token: torch.Tensor) -> torch.Tensor:
             return aggregate(
@@ -308,7 +345,7 @@ class Trainer:
             self.model,
             micro.input_ids,
             micro.attention_mask,
-            mask,
+            mask + micro.reference_mask if scored else mask,  # type: ignore[operator]  # one pass for both
             entropy_grad=config.entropy_coef > 0,
             group_index=self._groups(micro),
             temperature=config.temperature or 1.0,
@@ -331,6 +368,13 @@ class Trainer:
         entropy = total(current.entropy)
         loss = policy - config.entropy_coef * entropy if config.entropy_coef else policy
         parts: dict[str, Any] = {"train/policy_loss": policy.detach(), "train/entropy": entropy.detach()}
+        if scored:
+            assert micro.reference_mask is not None and micro.reference_weights is not None
+            supervised = reference_loss(
+                current.logprobs, micro.reference_mask, micro.reference_weights, num_tokens=num_reference
+            )
+            loss = loss + config.reference_coef * supervised
+            parts["train/reference_loss"] = supervised.detach()
         if micro.ref_logprobs is not None:  # there is a reference model
             kl = total(kl_estimate(current.logprobs, micro.ref_logprobs, config.kl_estimator))
             if not config.kl_in_reward:
@@ -373,6 +417,16 @@ class Trainer:
         ]
         return torch.cat(parts)
 
+    def _reference_logliks(self, batch: Batch) -> torch.Tensor:
+        """``[B]``: the log-likelihood the policy gives each trajectory's reference answer after it
+        (0 for a trajectory without one), under the weights before this update."""
+        if batch.reference_mask is None:
+            return torch.zeros(len(batch), device=self.device)
+        with torch.no_grad():
+            return reference_logliks(
+                self.model, batch, self.config.micro_batch_size, temperature=self.config.temperature or 1.0
+            )
+
     def _groups(self, micro: Batch) -> torch.Tensor | None:
         """Group indices for the shared-prompt pass (one forward over a group's common prefix).
 
@@ -405,8 +459,12 @@ class Trainer:
             scale=config.scale_rewards,
             returns=config.returns,
             step_weight=config.step_weight,
+            bound=config.jensen_bound,
         )
-        return replace(batch, advantages=estimated.advantages, returns=estimated.returns)
+        weights = None
+        if config.algorithm == "jepo":  # the supervised term's weights come with the same bound
+            weights = jensen_terms(batch.rewards, batch.group_index, bound=config.jensen_bound).weights
+        return replace(batch, advantages=estimated.advantages, returns=estimated.returns, reference_weights=weights)
 
     def _finish_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
         """Sum gradients over data-parallel processes, then clip; returns the norm before clipping."""
@@ -417,6 +475,20 @@ class Trainer:
         if self.config.max_grad_norm > 0:
             return float(nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
         return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) if params else 0.0
+
+    def reference_nll(self, trajectories: Sequence[Trajectory]) -> float | None:
+        """The negative log-likelihood per token that the current weights give the reference answers
+        of ``trajectories`` (``Trajectory.reference_ids``), each after its own episode; None when no
+        trajectory has one (:func:`~agentrl.trainers.models.score_references`). A held-out measure
+        for envs that can only be graded by likelihood."""
+        scores = score_references(
+            self.model,
+            trajectories,
+            self.pad_token_id,
+            micro_batch_size=self.config.micro_batch_size,
+            temperature=self.config.temperature or 1.0,
+        )
+        return None if scores is None else scores.nll
 
     # --- weights and state -----------------------------------------------------------------------
 
@@ -508,4 +580,15 @@ def _batch_metrics(batch: Batch) -> dict[str, float]:
         "train/trajectories": float(len(batch)),
         "train/generated_tokens": float(mask.sum()),
         "train/behaviour_version_min": float(versions.min()) if versions.numel() else -1.0,
+    }
+
+
+def _jepo_metrics(batch: Batch, bound: str) -> dict[str, float]:
+    """The reference answers' likelihood per token: each trajectory's, and its group's bound."""
+    assert batch.reference_mask is not None  # the jepo estimator refused batches without references
+    tokens = batch.reference_mask.sum(-1).clamp(min=1)
+    terms = jensen_terms(batch.rewards, batch.group_index, bound=bound)  # type: ignore[arg-type]
+    return {
+        "train/reference_nll": float(-batch.rewards.sum() / tokens.sum()),
+        "train/jensen_bound": float(terms.bound.sum() / tokens.sum()),  # a group's rows share one reference
     }

@@ -217,6 +217,8 @@ async def _play(
         if result.terminated or result.truncated:
             # The last answer is kept in the conversation but not tokenised: nothing follows it.
             builder.add_final_observation(result.observation, float(result.reward))
+            if "reference" in result.info:  # an answer to score, not to verify (JEPO)
+                builder.add_reference(result.observation, result.info["reference"])
             state.terminated, state.truncated = result.terminated, result.truncated
             if result.truncated:
                 state.info["truncated_by"] = "env"

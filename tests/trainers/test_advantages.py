@@ -179,7 +179,7 @@ BATCH = collate([trajectory("a", 1.0), trajectory("a", 0.0), trajectory("b", 2.0
 
 
 def test_estimate_advantages_names_every_estimator():
-    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gae", "gigpo"}
+    assert set(ADVANTAGE_ESTIMATORS) == {"grpo", "dr_grpo", "rloo", "reinforce_pp", "gae", "gigpo", "jepo"}
     # Group a [1, 0]: deviations +-0.5, unbiased std sqrt(0.5) = 0.7071068 -> +-0.7071068.
     grpo = estimate_advantages("grpo", BATCH).advantages
     assert close(grpo[:, 1], [0.7071061, -0.7071061, 0.0, 0.0]) and torch.equal(grpo[:, 1], grpo[:, 3])
