@@ -576,6 +576,8 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
 
         trajectories, stats = rollout(config, on_trajectory=advance)  # no model, no server: CleanErrors
     _print_rollout_summary(config, stats)
+    if any(t.reference_ids for t in trajectories):  # an env graded by likelihood: how likely the model finds them
+        _print_reference_scores(config, trajectories)
     if config.env_id == WALTZ:  # the safety metrics of WaltzRL (ASR, ORR, FTR, labels)
         from agentrl.envs.waltz.cli import print_eval_metrics
 
@@ -729,6 +731,26 @@ def _print_rollout_summary(config: Any, stats: Any) -> None:
     table.add_row("generated tokens", str(stats.generated_tokens))
     table.add_row("tokens/s", f"{summary['perf/rollout_tokens_per_s']:.1f}")
     table.add_row("seconds", f"{stats.seconds:.1f}")
+    console.print(table)
+
+
+def _print_reference_scores(config: Any, trajectories: list[Any]) -> None:
+    from agentrl.build import load_tokenizer
+    from agentrl.model_paths import resolve_model
+    from agentrl.trainers.models import load_reference_model, pad_token_id, score_references
+
+    path = resolve_model(config.model)
+    scores = score_references(
+        load_reference_model(path, dtype=config.dtype), trajectories, pad_token_id(load_tokenizer(path))
+    )
+    if scores is None:  # every episode with a reference failed
+        return
+    table = Table(title="reference answers (info['reference']), scored by the model", title_justify="left")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("scored episodes", str(scores.trajectories))
+    table.add_row("NLL per token after the episode", f"{scores.nll:.4f}")
+    table.add_row(f"multi-sample bound NLL per token (groups of {config.group_size})", f"{scores.bound_nll:.4f}")
     console.print(table)
 
 

@@ -440,12 +440,14 @@ class ScriptedPolicy:
 # --- real servers and a real browser, for tests and benchmarks ----------------------------------
 
 
-def train_in_subprocess(config: str | Path, overrides: Sequence[str], run_dir: str | Path) -> float:
-    """``agentrl train CONFIG OVERRIDES run_dir=RUN_DIR resume=false export=false`` in a process of
+def train_in_subprocess(
+    config: str | Path, overrides: Sequence[str], run_dir: str | Path, *, export: bool = False
+) -> float:
+    """``agentrl train CONFIG OVERRIDES run_dir=RUN_DIR resume=false export=EXPORT`` in a process of
     its own (a fresh engine each time, for benchmarks that compare runs one after the other);
     returns its wall time in seconds. A failed run raises ``RuntimeError`` with the end of its stderr."""
     command = [sys.executable, "-m", "agentrl.cli", "train", str(config), *overrides]
-    command += [f"run_dir={run_dir}", "resume=false", "export=false"]
+    command += [f"run_dir={run_dir}", "resume=false", f"export={str(export).lower()}"]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if done.returncode != 0:

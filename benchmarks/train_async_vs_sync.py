@@ -34,14 +34,21 @@ distributions should agree. Modes: ``--modes sync,async1-drop,async1-wait,async2
 true``): a short round starts ``--tail-extra`` more groups than a batch needs, trains on the first
 to finish and aborts the others, which a long round replays together once a batch's worth is
 queued. Every trained token comes from the weights being trained, as in **sync**. Target: >= 1.8x
-sync. Since a group's delay follows from its seed, a replayed group is as slow as it was.
+sync. With ``--delay group`` (the default) a group's delay follows from its seed, so a replayed
+group is as slow as it was; with ``--delay episode`` each episode draws its own delay, as response
+lengths drawn by sampling do (RollPacker's setting), and a replay is an ordinary group.
+**tail-redundant** also starts ``--redundancy`` more episodes per group and keeps the first
+``group_size`` to finish (RollPacker over-provisions responses per prompt as well as prompts);
+**sync-redundant** is that alone, without the rounds.
 
     python benchmarks/train_async_vs_sync.py --modes sync,async1-wait,tail
+    python benchmarks/train_async_vs_sync.py --delay episode --groups 8 --modes sync,sync-redundant,tail,tail-redundant,async1-wait
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import tempfile
@@ -59,18 +66,27 @@ from agentrl.types import Message
 ENV_ID = "bench/LongTail-v0"
 
 
-class LongTailEnv(AgentEnv):
-    """One reply per episode, answered after a heavy-tailed delay; reward = share of 'a' in the reply."""
+_EPISODES = itertools.count()  # numbers the episodes whose delay is drawn afresh (--delay episode)
 
-    def __init__(self, split: str = "train", latency: float = 0.3, max_turns: int = 1):
+
+class LongTailEnv(AgentEnv):
+    """One reply per episode, answered after a heavy-tailed delay; reward = share of 'a' in the reply.
+
+    ``delay="group"``: the delay follows from the env seed, so a group's episodes (and a replay of
+    the group) take equally long, as when the task itself is slow. ``"episode"``: each episode
+    draws its own, as response lengths do when they come from sampling (RollPacker's long tail)."""
+
+    def __init__(self, split: str = "train", latency: float = 0.3, max_turns: int = 1, delay: str = "group"):
         super().__init__(max_turns=max_turns)
         self.latency = latency
+        self.delay = delay
 
     def start(self, options: dict[str, Any] | None) -> list[Message]:
         return [Message("user", "Say a")]
 
     def respond(self, reply: Message) -> Feedback:
-        delay = draw_delay(self.np_random, self.latency)
+        rng = self.np_random if self.delay == "group" else np.random.default_rng(10**9 + next(_EPISODES))
+        delay = draw_delay(rng, self.latency)
         time.sleep(delay)  # the base class runs respond in a thread pool: other episodes go on
         share = reply.content.count("a") / max(len(reply.content), 1)
         return Feedback([], reward=share, terminated=True, info={"success": share >= 0.5})
@@ -100,8 +116,10 @@ def lengths(groups: list[int], seed: int, latency: float) -> dict[str, float]:
 
 
 MODES = {"sync": (0, "wait"), "async1-drop": (1, "drop"), "async1-wait": (1, "wait"),
-         "async2-drop": (2, "drop"), "async2-wait": (2, "wait"), "tail": (0, "wait")}  # fmt: skip
-"""mode: (max_staleness, stragglers); ``tail`` is synchronous with tail batching (RollPacker)."""
+         "async2-drop": (2, "drop"), "async2-wait": (2, "wait"), "tail": (0, "wait"),
+         "sync-redundant": (0, "wait"), "tail-redundant": (0, "wait")}  # fmt: skip
+"""mode: (max_staleness, stragglers); ``tail`` is synchronous with tail batching (RollPacker); the
+``-redundant`` modes start ``--redundancy`` more episodes per group and keep the first to finish."""
 
 
 def run(mode: str, args: argparse.Namespace, model_dir: Path, root: Path) -> dict[str, Any]:
@@ -127,7 +145,8 @@ def run(mode: str, args: argparse.Namespace, model_dir: Path, root: Path) -> dic
             f"steps={args.steps}",
             f"max_staleness={staleness}",
             f"stragglers={stragglers}",
-            f"tail_batching={mode == 'tail'}",
+            f"tail_batching={mode.startswith('tail')}",
+            f"rollout.redundancy={args.redundancy if mode.endswith('-redundant') else 0}",
             f"tail_extra={args.tail_extra}",
             "eval_episodes=0",
             "checkpoint_every=0",
@@ -168,6 +187,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--backend", default=None, choices=["hf", "vllm"], help="default: vllm (hf with --quick)")
     parser.add_argument("--modes", default="sync,async2-wait", help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--tail-extra", type=float, default=0.5, help="tail mode: extra groups a short round starts")
+    parser.add_argument(
+        "--delay", default="group", choices=["group", "episode"], help="one delay per group (the task) or per episode"
+    )
+    parser.add_argument("--redundancy", type=int, default=2, help="-redundant modes: extra episodes per group")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.groups, args.latency = 4, 2, 0.1
@@ -175,7 +198,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from agentrl.testing import build_tiny_model
 
-    agentrl.register(ENV_ID, entry_point=f"{__name__}:LongTailEnv", kwargs={"latency": args.latency})
+    agentrl.register(
+        ENV_ID, entry_point=f"{__name__}:LongTailEnv", kwargs={"latency": args.latency, "delay": args.delay}
+    )
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-") as tmp:
         root = Path(tmp)
         model_dir = build_tiny_model(root / "model")
@@ -187,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
 
     print(
         f"\n{args.steps} steps x {args.groups} groups x {args.group_size} episodes, env latency lognormal "
-        f"median {args.latency}s sigma 1.0, backend {args.backend}, tiny model"
+        f"median {args.latency}s sigma 1.0, one delay per {args.delay}, backend {args.backend}, tiny model"
     )
     print(
         f"{'mode':<13}{'wall s':>8}{'traj/s':>8}{'train s':>9}{'stale groups':>13}{'max staleness':>14}{'reward first→last':>20}"
@@ -197,9 +222,10 @@ def main(argv: list[str] | None = None) -> None:
             f"{mode:<13}{r['wall']:>8.1f}{r['per_s']:>8.2f}{r['train_s']:>9.1f}{r['stale']:>13.0f}"
             f"{r['staleness_max']:>14.0f}{r['reward_first']:>11.3f} → {r['reward_last']:.3f}"
         )
-    print("\ngroup length (env delay, s): generated vs trained")
-    print(f"{'mode':<13}{'groups gen/trained':>20}{'mean':>14}{'median':>14}{'p90':>14}{'long share':>16}")
-    for mode, r in results.items():
+    if args.delay == "group":  # a group's length is known from its number only when the task sets it
+        print("\ngroup length (env delay, s): generated vs trained")
+        print(f"{'mode':<13}{'groups gen/trained':>20}{'mean':>14}{'median':>14}{'p90':>14}{'long share':>16}")
+    for mode, r in results.items() if args.delay == "group" else ():
         g, t = r["generated"], r["trained"]
         print(
             f"{mode:<13}{g['n']:>11}/{t['n']:<8}{g['mean']:>7.2f}/{t['mean']:<6.2f}{g['p50']:>7.2f}/{t['p50']:<6.2f}"
@@ -208,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     if "sync" in results:
         for mode in (m for m in results if m != "sync"):
             ratio = results[mode]["per_s"] / results["sync"]["per_s"]
-            target = 1.8 if mode == "tail" else 2.0  # tail batching: RollPacker's; async: the async loop's
+            target = 1.8 if mode.startswith("tail") else 2.0  # tail batching: RollPacker's; async: the loop's
             print(f"{mode} / sync: {ratio:.2f}x (target >= {target:g}x: {'met' if ratio >= target else 'MISSED'})")
 
 
