@@ -1,6 +1,6 @@
 """End to end: the main job (``agentrl train examples/quickstart.yaml``) against TRL's GRPOTrainer on it.
 
-    python benchmarks/e2e_vs_trl.py                       # both sides, 8 steps each (see benchmarks/README.md for the time)
+    python benchmarks/e2e_vs_trl.py                       # both sides, 8 steps each: about half an hour on 2 cores
     python benchmarks/e2e_vs_trl.py --steps 16 --eval-every 4   # longer, with held-out points along the way
     python benchmarks/e2e_vs_trl.py --only trl trainer.lr=1e-5  # one side; key=value changes both sides' job
     python benchmarks/e2e_vs_trl.py --quick               # smoke test: tiny model, hf backend, 1 step, 8 eval episodes
@@ -52,9 +52,12 @@ the tokenizer gets one, agentrl's.
 
 What differs, and cannot be made equal through TRL's API:
 
-- **Generation and overlap.** TRL generates with transformers in the training process and steps
-  on each batch right after generating it; agentrl generates on vLLM, one batch ahead of training
-  (``max_staleness: 1``), correcting the stale tokens off-policy.
+- **Generation and overlap.** TRL generates with transformers in the training process, on the
+  trainer's one torch thread (the job's ``torch_threads: 1``; the second core idles), and steps on
+  each batch right after generating it; each round of tool calls generates again from the whole
+  history. agentrl generates on vLLM on the other core, one batch ahead of training
+  (``max_staleness: 1``), correcting the stale tokens off-policy. ``torch_threads=2`` gives both
+  sides' trainers two threads.
 - **The end of an episode.** TRL's tool loop does not know that a call ended the episode: after the
   env's last tool result (the graded ``answer``, or the last turn's call) the model replies once
   more, as long as rounds are left, so an episode has up to ``max_turns + 1`` replies. Those replies
@@ -64,8 +67,9 @@ What differs, and cannot be made equal through TRL's API:
   scores it.) TRL counts turns per call rather than per reply; the same here, where a reply makes
   one call.
 - **Faults.** A reply whose call agentrl cannot read gets the env's error message; in TRL the call
-  is made without arguments and TRL's own error text comes back. Both spend a turn. A reply cut at
-  ``max_tokens`` gets agentrl's end-of-turn token before the next observation, not TRL's.
+  is made without arguments and TRL's own error text comes back. Both spend a turn. agentrl closes
+  a reply cut at ``max_tokens`` with the end-of-turn token before the next observation; TRL appends
+  the observation to the cut text.
 - **Small print.** TRL adds 1e-4 to the group std, agentrl 1e-6; TRL's fused LM head scores every
   position of a sequence on the CPU (see benchmarks/trainer_step.py); one seed per side.
 
@@ -238,17 +242,17 @@ class Clock(TrainerCallback):
         """Training seconds at the end of each step."""
         self.logs: list[dict[str, float]] = []
 
-    def on_train_begin(self, *_: Any, **__: Any) -> None:
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.started = time.perf_counter()
 
-    def on_step_end(self, _: Any, state: Any, __: Any, model: Any = None, **___: Any) -> None:
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         now = time.perf_counter()
         self.seconds.append(now - self.started - self.saving)
         if state.global_step in self.save_at:
             model.save_pretrained(self.run_dir / f"step-{state.global_step}")
             self.saving += time.perf_counter() - now
 
-    def on_log(self, *_: Any, logs: dict[str, float] | None = None, **__: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         self.logs.append(dict(logs or {}))
 
 
@@ -535,13 +539,13 @@ def success_by(curve: list[tuple[float, float, float]], seconds: float) -> tuple
     return step, success
 
 
-def report(config: TrainConfig, sides: list[Side], target: float) -> None:
-    """Print the table and the comparison."""
+def report(config: TrainConfig, sides: list[Side], trl: dict[str, Any], target: float) -> bool:
+    """Print the table and the comparison; False if the two sides did not get the same prompts and tokens."""
     rollout = config.rollout
     print(
-        f"\nend to end: {rollout.env_id}, model {rollout.model} ({rollout.backend} for agentrl and the evaluations), "
-        f"{config.steps} steps of {config.groups_per_step} x {rollout.group_size} episodes, held-out success on "
-        f"{config.eval_episodes} test episodes at temperature {config.eval_temperature}"
+        f"\nend to end: {rollout.env_id}, model {rollout.model}, {config.steps} training steps of "
+        f"{config.groups_per_step} x {rollout.group_size} episodes; held-out success on {config.eval_episodes} test "
+        f"episodes at temperature {config.eval_temperature} ({rollout.backend} backend)"
     )
     print(
         f"{'side':<8}{'command s':>10}{'evals in it':>12}{'set-up s':>9}{'training s':>11}{'s/step':>8}"
@@ -567,9 +571,26 @@ def report(config: TrainConfig, sides: list[Side], target: float) -> None:
         common = min(side.train_s for side in sides)
         after = [f"{side.name} {p:.1%} (step {s:.0f})" for side in sides for s, p in [success_by(side.curve, common)]]
         print(f"held-out success after the same {common / 60:.1f} min of training: " + ", ".join(after))
+    if not trl:
+        return True
+    print(
+        f"TRL's models were evaluated apart in {trl['eval_process_s']:.1f} s; TRL trained with "
+        f"{trl['torch_threads']} torch thread(s)"
+    )
+    same = True
     if len(sides) == 2:
-        same = sides[0].groups == sides[1].groups
-        print(f"trained on the same groups, step by step: {'yes' if same else 'NO'}")
+        groups = [side.groups for side in sides]
+        if groups[0] == groups[1]:
+            print("trained groups: the same, step by step")
+        else:
+            flat = [sorted(group for step in side for group in step) for side in groups]
+            same = flat[0] == flat[1]
+            print(f"trained groups: {'the same, in another order' if same else 'PROBLEM: not the same'}: {groups}")
+    if trl["token_differences"]:
+        print(f"PROBLEM: TRL's tokens of the {' and '.join(trl['token_differences'])} differ from agentrl's")
+    else:
+        print("TRL's prompt and tool-result tokens: the same as agentrl's")
+    return same and not trl["token_differences"]
 
 
 def tiny_job_model(directory: Path) -> Path:
@@ -603,6 +624,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         role(load_config(TrainConfig, JOB, args.overrides), args.run_dir)
         return 0
 
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # the tiny model's saving bar
     with tempfile.TemporaryDirectory(prefix="e2e-vs-trl-") as tmp:
         overrides = list(args.overrides)
         if args.quick:
@@ -613,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(TrainConfig, JOB, overrides)
         if args.only != "agentrl":
             check_trl_can_match(config)
-        sides, extra = [], {}
+        sides, trl = [], {}
         if args.only != "trl":
             print(f"agentrl: agentrl train {JOB.relative_to(ROOT)} {' '.join(overrides)}", flush=True)
             sides.append(run_agentrl(overrides, Path(tmp) / "agentrl"))
@@ -621,17 +645,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.only != "agentrl":
             print("TRL: GRPOTrainer on the same job, then agentrl's evaluation of its models", flush=True)
             (Path(tmp) / "trl").mkdir()
-            side, extra = run_trl(overrides, Path(tmp) / "trl")
+            side, trl = run_trl(overrides, Path(tmp) / "trl")
             sides.append(side)
-            print(f"TRL: trained in {side.command_s:.0f} s, evaluated in {extra['eval_process_s']:.0f} s", flush=True)
-    report(config, sides, args.target)
-    problems = extra.get("token_differences", [])
-    if extra:
-        same = "the same as agentrl's" if not problems else f"PROBLEM: {' and '.join(problems)} differ from agentrl's"
-        print(f"TRL's prompt and tool-result tokens: {same}; its torch threads: {extra['torch_threads']}")
+            print(f"TRL: trained in {side.command_s:.0f} s, evaluated in {trl['eval_process_s']:.0f} s", flush=True)
+    same = report(config, sides, trl, args.target)
     if args.out:
-        args.out.write_text(json.dumps({"sides": [asdict(s) for s in sides], "trl": extra}, indent=1))
-    return 1 if problems else 0
+        args.out.write_text(json.dumps({"sides": [asdict(side) for side in sides], "trl": trl}, indent=1))
+    return 0 if same else 1
 
 
 if __name__ == "__main__":

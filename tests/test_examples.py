@@ -119,6 +119,23 @@ def test_the_hallway_example_trains_with_gigpo_on_the_rooms_as_states(tiny_model
     assert "The hallway has rooms 1 to" in sample["messages"][1]["content"]
 
 
+def test_the_explain_example_trains_with_jepo_and_reports_the_reference_likelihood(tiny_model_dir, tmp_path):
+    # examples/explain.yaml as it stands (JEPO, multi-sample bound, Explain-v0's references), with
+    # only the model, the backend and the budget made small.
+    config = EXAMPLES / "explain.yaml"
+    assert "agentrl train examples/explain.yaml" in "\n".join(config.read_text().splitlines()[:8])
+    small = [f"rollout.model={tiny_model_dir}", "rollout.backend=hf", "rollout.group_size=2", "rollout.max_tokens=4",
+             "groups_per_step=2", "trainer.micro_batch_size=4", "trainer.trainable_layers=1", "steps=1",
+             "eval_episodes=2", f"run_dir={tmp_path / 'run'}"]  # fmt: skip
+    done = _train(config, small)
+    assert "reference NLL per token" in done.stdout, done.stdout
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    step = next(m for m in lines if m.get("step") == 1 and "train/jensen_bound" in m)
+    assert step["train/reference_nll"] > 0 and step["train/reward_mean"] < 0  # the reward: log pi(reference | ...)
+    sample = json.loads((tmp_path / "run" / "samples" / "train-000001.jsonl").read_text().splitlines()[0])
+    assert sample["reference_ids"] and sample["info"]["reference"]
+
+
 def _train(config: Path, overrides: list[str]) -> subprocess.CompletedProcess[str]:
     """``agentrl train CONFIG OVERRIDES`` in a process of its own, checked to exit 0."""
     done = subprocess.run(
