@@ -89,6 +89,7 @@ METRICS: Mapping[str, str] = {
     "train/reference_loss": "jepo: the supervised term, weighted negative log-likelihood per reference-answer token",
     "train/reference_nll": "jepo: negative log-likelihood per token of the reference answers after this step's trajectories, before the update",
     "train/jensen_bound": "jepo: the groups' Jensen lower bound on log p(reference | prompt), per reference token, before the update",
+    "train/unscored_trajectories": "jepo: trajectories of this step without a reference answer (cut off before the env gave it); not trained on",
     "train/effective_group_fraction": "share of this step's groups whose rewards are not all equal (the others give GRPO no signal)",
     "train/trajectories": "trajectories this step trained on",
     "train/generated_tokens": "generated (loss-masked) tokens this step trained on",

@@ -641,15 +641,31 @@ def _gigpo(
     return Advantages(expand_turns_to_tokens(advantages, batch.turn_index))
 
 
-def _jepo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, bound: Bound, **_: object) -> Advantages:
-    if batch.reference_mask is None or bool((batch.reference_mask.sum(-1) == 0).any()):
+def scored_jensen_terms(batch: Batch, *, bound: Bound = "multi") -> JensenTerms:
+    """:func:`jensen_terms` of ``batch.rewards`` (each trajectory's ``log pi(reference | ...)``) over
+    the trajectories that have a reference answer; the others (an episode cut off before the env
+    gave its reference) get advantage, weight and bound 0 and take no part in their group's bound.
+
+    Raises:
+        ValueError: when no trajectory of the batch has a reference (the env gives none).
+    """
+    scored = batch.reference_mask.sum(-1) > 0 if batch.reference_mask is not None else None
+    if scored is None or not bool(scored.any()):
         raise ValueError(
-            "jepo scores a reference answer after each trajectory, but some trajectories of this batch have none; "
+            "jepo scores a reference answer after each trajectory, but no trajectory of this batch has one; "
             "use an env that ends its episodes with info['reference'] (e.g. agentrl/Explain-v0), or another algorithm."
         )
-    terms = jensen_terms(batch.rewards, batch.group_index, bound=bound)  # rewards: log pi(reference | ...)
-    advantages = terms.advantages  # in nats, unscaled as in the paper; scale opts in to GRPO's scalings
-    if scale == "group":
+    rows = scored.nonzero().squeeze(-1)
+    terms = jensen_terms(batch.rewards[rows], batch.group_index[rows], bound=bound)
+    out = JensenTerms(*(torch.zeros_like(batch.rewards, dtype=torch.float32) for _ in range(3)))
+    for whole, part in zip(out, terms, strict=True):
+        whole[rows] = part
+    return out
+
+
+def _jepo(batch: Batch, values: torch.Tensor | None, *, scale: Scale | None, bound: Bound, **_: object) -> Advantages:
+    advantages = scored_jensen_terms(batch, bound=bound).advantages  # in nats, unscaled as in the paper
+    if scale == "group":  # opt in to GRPO's scalings
         advantages = advantages / (_group_stats(advantages, batch.group_index)[2] + 1e-6)
     elif scale == "batch" and advantages.numel() > 1:
         advantages = advantages / (advantages.std() + 1e-6)

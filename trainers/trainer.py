@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from agentrl.suggest import did_you_mean
-from agentrl.trainers.advantages import RETURNS, estimate_advantages, jensen_terms
+from agentrl.trainers.advantages import RETURNS, estimate_advantages, scored_jensen_terms
 from agentrl.trainers.batch import Batch, collate
 from agentrl.trainers.losses import (
     aggregate,
@@ -463,7 +463,7 @@ class Trainer:
         )
         weights = None
         if config.algorithm == "jepo":  # the supervised term's weights come with the same bound
-            weights = jensen_terms(batch.rewards, batch.group_index, bound=config.jensen_bound).weights
+            weights = scored_jensen_terms(batch, bound=config.jensen_bound).weights
         return replace(batch, advantages=estimated.advantages, returns=estimated.returns, reference_weights=weights)
 
     def _finish_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
@@ -586,9 +586,11 @@ def _batch_metrics(batch: Batch) -> dict[str, float]:
 def _jepo_metrics(batch: Batch, bound: str) -> dict[str, float]:
     """The reference answers' likelihood per token: each trajectory's, and its group's bound."""
     assert batch.reference_mask is not None  # the jepo estimator refused batches without references
-    tokens = batch.reference_mask.sum(-1).clamp(min=1)
-    terms = jensen_terms(batch.rewards, batch.group_index, bound=bound)  # type: ignore[arg-type]
+    tokens = batch.reference_mask.sum(-1)
+    scored = tokens > 0
+    terms = scored_jensen_terms(batch, bound=bound)  # type: ignore[arg-type]
     return {
-        "train/reference_nll": float(-batch.rewards.sum() / tokens.sum()),
-        "train/jensen_bound": float(terms.bound.sum() / tokens.sum()),  # a group's rows share one reference
+        "train/reference_nll": float(-batch.rewards[scored].sum() / tokens.sum()),
+        "train/jensen_bound": float(terms.bound[scored].sum() / tokens.sum()),  # a group's rows share one reference
+        "train/unscored_trajectories": float((~scored).sum()),
     }

@@ -17,7 +17,7 @@ from agentrl.config import load_config
 from agentrl.envs.explain import ANSWER_REQUEST, ExplainEnv
 from agentrl.testing import ScriptedPolicy
 from agentrl.train import TrainConfig, train
-from agentrl.trainers.advantages import estimate_advantages, jensen_terms
+from agentrl.trainers.advantages import estimate_advantages, jensen_terms, scored_jensen_terms
 from agentrl.trainers.batch import collate
 from agentrl.trainers.losses import reference_loss
 from agentrl.trainers.models import load_policy_model, score_references
@@ -110,8 +110,17 @@ def test_a_trajectory_with_a_mismatched_reference_mask_is_refused():
         bad.validate()
 
 
+def test_a_trajectory_cut_off_before_its_reference_is_left_out_of_its_group():
+    batch = collate([scored("g", [9, 10]), scored("g", [9, 11]), scored("g", [])], pad_token_id=0)
+    batch.rewards = torch.tensor([-1.0, -3.0, 0.0])  # what the trainer puts there: log pi(reference | ...)
+    terms = scored_jensen_terms(batch, bound="single")
+    assert terms.advantages.tolist() == [2.0, -2.0, 0.0] and terms.weights.tolist() == [1.0, 1.0, 0.0]
+    advantages = estimate_advantages("jepo", batch, bound="single").advantages
+    assert advantages[2].abs().sum() == 0 and advantages[0, 1:3].tolist() == [2.0, 2.0]
+
+
 def test_jepo_refuses_a_batch_without_references_and_says_which_env_to_use():
-    batch = collate([scored("g", [9, 10]), scored("g", [])], pad_token_id=0)
+    batch = collate([scored("g", []), scored("g", [])], pad_token_id=0)
     with pytest.raises(ValueError, match="info\\['reference'\\]"):
         estimate_advantages("jepo", batch)
 
