@@ -40,7 +40,7 @@ import torch.distributed as dist
 from torch import nn
 
 from agentrl.suggest import did_you_mean
-from agentrl.trainers.advantages import RETURNS, estimate_advantages, scored_jensen_terms
+from agentrl.trainers.advantages import RETURNS, JensenTerms, estimate_advantages, scored_jensen_terms
 from agentrl.trainers.batch import Batch, collate
 from agentrl.trainers.losses import (
     aggregate,
@@ -254,8 +254,11 @@ class Trainer:
                 ref_logprobs=self._logprobs(self.ref_model, batch) if self.ref_model is not None else None,
                 values=self._values(batch) if self.value_model is not None else None,
             )
+        jensen = None
         if config.algorithm == "jepo":  # JEPO's reward: log pi(reference | prompt, trajectory)
             batch = replace(batch, rewards=self._reference_logliks(batch))
+            jensen = scored_jensen_terms(batch, bound=config.jensen_bound)  # the supervised term's weights
+            batch = replace(batch, reference_weights=jensen.weights)
         batch = self._with_advantages(batch)
         self.last_advantages = batch.advantages.detach().cpu() if batch.advantages is not None else None
 
@@ -277,8 +280,8 @@ class Trainer:
             metrics["train/policy_lag_logprob_gap"] = float(gaps[2] / gaps[3])
         self.step_count += 1
         metrics.update(_batch_metrics(batch))
-        if config.algorithm == "jepo":
-            metrics.update(_jepo_metrics(batch, config.jensen_bound))
+        if jensen is not None:
+            metrics.update(_jepo_metrics(batch, jensen))
         metrics["train/stale_token_fraction"] = float(stale.sum()) / max(batch.num_tokens, 1)  # stale: generated only
         metrics["train/corrected"] = float(correction != "none")
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
@@ -461,10 +464,7 @@ class Trainer:
             step_weight=config.step_weight,
             bound=config.jensen_bound,
         )
-        weights = None
-        if config.algorithm == "jepo":  # the supervised term's weights come with the same bound
-            weights = scored_jensen_terms(batch, bound=config.jensen_bound).weights
-        return replace(batch, advantages=estimated.advantages, returns=estimated.returns, reference_weights=weights)
+        return replace(batch, advantages=estimated.advantages, returns=estimated.returns)
 
     def _finish_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
         """Sum gradients over data-parallel processes, then clip; returns the norm before clipping."""
@@ -583,12 +583,11 @@ def _batch_metrics(batch: Batch) -> dict[str, float]:
     }
 
 
-def _jepo_metrics(batch: Batch, bound: str) -> dict[str, float]:
+def _jepo_metrics(batch: Batch, terms: JensenTerms) -> dict[str, float]:
     """The reference answers' likelihood per token: each trajectory's, and its group's bound."""
     assert batch.reference_mask is not None  # the jepo estimator refused batches without references
     tokens = batch.reference_mask.sum(-1)
     scored = tokens > 0
-    terms = scored_jensen_terms(batch, bound=bound)  # type: ignore[arg-type]
     return {
         "train/reference_nll": float(-batch.rewards[scored].sum() / tokens.sum()),
         "train/jensen_bound": float(terms.bound[scored].sum() / tokens.sum()),  # a group's rows share one reference
