@@ -13,6 +13,7 @@ import copy
 import importlib.util
 import json
 import pathlib
+import re
 import sys
 import types
 
@@ -242,3 +243,15 @@ def test_dashboard_render_quick_run_prints_its_figures(capsys):
     assert load("dashboard_render").main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert "page ready s" in out and "+100 steps live s" in out
+
+
+@pytest.mark.slow
+def test_e2e_vs_trl_quick_run_trains_both_sides_on_the_same_groups(capsys):
+    """One step of the main job with the tiny model through agentrl and through TRL's GRPOTrainer,
+    each in a process of its own, both evaluated by agentrl: slow (about a minute)."""
+    head = (BENCHMARKS / "e2e_vs_trl.py").read_text().splitlines()[:8]
+    assert any(line.strip().startswith("python benchmarks/e2e_vs_trl.py --quick") for line in head)
+    assert load("e2e_vs_trl").main(["--quick"]) == 0  # 1: the two sides' prompts, tools or groups differed
+    out = capsys.readouterr().out
+    assert "trained groups: the same" in out and "TRL's prompt and tool-result tokens: the same as agentrl's" in out
+    assert re.search(r"^agentrl\s+[\d.]+", out, re.MULTILINE) and re.search(r"^TRL\s+[\d.]+", out, re.MULTILINE)
