@@ -109,7 +109,8 @@ class TrainConfig:
     """0: synchronous on-policy; k: generation runs up to k batches ahead of training."""
     tail_batching: bool = False
     """RollPacker's tail batching (with max_staleness 0): short rounds start ``tail_extra`` more groups than a
-    batch needs and train on the first to finish; the unfinished are aborted and replayed together in a long round."""
+    batch needs and train on the first to finish; the unfinished are aborted and replayed together in a long round.
+    RollPacker also over-provisions responses per prompt: set ``rollout.redundancy`` with it."""
     tail_extra: float = 0.5
     """Tail batching: the share of extra groups a short round starts (0.5: 6 for a batch of 4)."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
