@@ -364,16 +364,20 @@ class Controller:
         metrics = await asyncio.to_thread(self.trainer.step, trajectories, self.buffer.version)
         metrics.update(await self._curriculum_metrics(groups))
         metrics.update(self._tail)
+        state.step += 1
+        numbers = [self.group_numbers[group[0].group_id] for group in groups]
+        state.trained_groups += numbers
+        append_json(Path(config.run_dir) / "batches.jsonl", {"step": state.step, "groups": numbers})
+        # The step is saved before its weights go to the engine (they become the next version: one
+        # per update), so a fault in the sync or in the generation after it cannot cost the step.
+        state.policy_version = self.buffer.version + 1 + self.version_offset
+        if config.checkpoint_every and state.step % config.checkpoint_every == 0 and state.step < config.steps:
+            await self.acheckpoint()
         synced = time.perf_counter()
         version = await self.policy.aupdate_weights(self.trainer.inference_weights())
         metrics["perf/time_sync"] = time.perf_counter() - synced
         self.buffer.set_version(version)
         self.window.trained(len(groups))
-
-        state.step += 1
-        numbers = [self.group_numbers[group[0].group_id] for group in groups]
-        state.trained_groups += numbers
-        append_json(Path(config.run_dir) / "batches.jsonl", {"step": state.step, "groups": numbers})
         state.policy_version = version + self.version_offset
         metrics.update(self._batch_metrics(trajectories, version))
         metrics["perf/time_rollout"] = rollout_seconds
@@ -382,8 +386,6 @@ class Controller:
         self.metrics.log(state.step, metrics)
         self._write_samples(groups, state.step)
         self.progress.on_advance(metrics)
-        if config.checkpoint_every and state.step % config.checkpoint_every == 0 and state.step < config.steps:
-            await self.acheckpoint()
         if config.eval_every and state.step % config.eval_every == 0 and state.step < config.steps:
             await self._evaluate(state.step)
         await self._notify()

@@ -132,6 +132,39 @@ def test_a_resumed_run_trains_every_group_once(tiny_model_dir, tiny_tokenizer, t
     assert sorted(by_step) == [1, 2, 3, 4] and len(trained) == len(set(trained)) == 8
 
 
+class DiesInSync(ScriptedPolicy):
+    """A scripted policy whose engine dies while the ``fatal``-th weight update is sent to it."""
+
+    def __init__(self, tokenizer: Any, fatal: int):
+        super().__init__(tokenizer, lambda prompt: "b" * (1 + len(prompt) % 3) + "a")
+        self.fatal, self.updates = fatal, 0
+
+    async def aupdate_weights(self, named_tensors: Any) -> int:
+        self.updates += 1
+        if self.updates == self.fatal:
+            raise RuntimeError("the engine died during the weight sync")
+        return await super().aupdate_weights(named_tensors)
+
+
+def test_a_fault_in_the_weight_sync_after_a_checkpointed_step_does_not_cost_the_step(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    run_dir = tmp_path / "run"
+    common = ("max_staleness=0", "checkpoint_every=2", "resume=true")
+    # The second update sent during training is step 2's, which checkpoint_every=2 saves.
+    with pytest.raises(RuntimeError, match="during the weight sync"):
+        train(_config(tiny_model_dir, run_dir, "steps=4", *common), policy=DiesInSync(tiny_tokenizer, fatal=2))
+    state = json.loads(sorted((run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    assert state["step"] == 2 and sorted(state["trained_groups"]) == [0, 1, 2, 3]
+    result = train(_config(tiny_model_dir, run_dir, "steps=4", *common), policy=_scripted(tiny_tokenizer))
+    assert result.steps == 4
+    by_step = {b["step"]: b["groups"] for b in _batches(run_dir)}
+    assert sorted(by_step) == [1, 2, 3, 4]
+    trained = [g for step in sorted(by_step) for g in by_step[step]]
+    assert len(trained) == len(set(trained)) == 8  # step 2 was not re-done, nothing was trained twice
+    assert [b["step"] for b in _batches(run_dir)] == [1, 2, 3, 4]
+
+
 def test_the_hf_policy_learns_through_the_controller(tiny_model_dir, tmp_path):
     config = _config(tiny_model_dir, tmp_path / "run", "steps=6", "groups_per_step=4", "max_staleness=1")
     result = train(config)
