@@ -21,8 +21,9 @@ episodes that finish fast (``benchmarks/train_async_vs_sync.py`` measures it).
 
 Before the first step and after the last, ``eval_episodes`` held-out episodes are played (the env's
 ``test`` split); metrics go to ``RUN_DIR/metrics.jsonl`` (TensorBoard and wandb on request), a
-checkpoint every ``checkpoint_every`` steps, the trained model to ``RUN_DIR/model`` and the curves
-to ``RUN_DIR/curves.png``.
+checkpoint every ``checkpoint_every`` steps (written right after the optimizer step, before its
+weights go to the engine, so that a fault there cannot cost the step), the trained model to
+``RUN_DIR/model`` and the curves to ``RUN_DIR/curves.png``.
 
 Resuming (``resume: true``, the default, when ``RUN_DIR`` holds a checkpoint) restores the trainer,
 sends its weights to the engine, puts the buffered groups back, and replays exactly the groups that
