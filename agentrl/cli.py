@@ -54,6 +54,7 @@ import agentrl
 from agentrl.config import ConfigError, load_config
 from agentrl.env import as_agent_env
 from agentrl.envs.waltz.cli import waltz_table_command
+from agentrl.faults import RunFailed, failure_message, resume_command, vllm_logs_to, write_traceback
 from agentrl.metrics import policy_metric
 from agentrl.registry import is_multiagent, load_plugins
 from agentrl.sandboxes.cli import sandbox_app
@@ -68,7 +69,7 @@ USAGE_ERRORS: tuple[type[Exception], ...] = (
     ImportError,  # a module named in imports:, or an optional dependency a backend needs
 )
 """Exceptions that mean the command was given something wrong: one message, exit code 2."""
-RUN_ERRORS: tuple[type[Exception], ...] = (ConnectionError,)  # a model server that does not answer
+RUN_ERRORS: tuple[type[Exception], ...] = (ConnectionError, RunFailed)  # a server that does not answer; a fault
 """Exceptions that mean the run could not go on through no fault of the command: one message, exit 1."""
 
 
@@ -603,7 +604,9 @@ def train_command(
     Prints held-out success before and after training; writes metrics, checkpoints, the trained model
     and the curves into run_dir.
     """
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as for rollout: set it to see vLLM's warnings
+    if "VLLM_LOGGING_LEVEL" not in os.environ:  # set it to see vLLM's log on the screen
+        os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # its records go to RUN_DIR/train.log
     from agentrl.train import TrainConfig, train  # torch and transformers: not for `agentrl --help`
 
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
@@ -619,8 +622,15 @@ def train_command(
             ) from e
     if not is_multiagent(settings.rollout.env_id):  # a multi-agent id trains several policies
         agentrl.spec(settings.rollout.env_id)  # an unknown env fails now, before the engine starts
-    with _TrainProgress() as progress:
-        result = train(settings, progress.hooks())  # no model, no server: CleanErrors
+    with _TrainProgress() as progress, vllm_logs_to(settings.run_dir):
+        try:
+            result = train(settings, progress.hooks())  # no model, no server: CleanErrors
+        except USAGE_ERRORS:
+            raise
+        except Exception as e:  # a fault ended the run: one message, the traceback in the run's log
+            write_traceback(e, settings.run_dir)
+            arguments = [*([config] if config is not None else []), *(overrides or [])]
+            raise RunFailed(failure_message(e, settings.run_dir, resume_command(arguments, settings.resume))) from e
     _print_train_summary(settings, result)
 
 

@@ -1,0 +1,130 @@
+"""A run that a fault ends says so in one message: what died, after which step, and what to run to resume.
+
+``agentrl train`` turns an exception that ends a run (anything but a usage error, which the command
+line reports on its own) into :class:`RunFailed`, whose message is :func:`failure_message`; the
+command exits with code 1 and the full traceback goes to ``RUN_DIR/train.log``
+(:func:`write_traceback`), not to the screen, as do vLLM's own log records of the run
+(:func:`vllm_logs_to`).
+
+>>> what_died(ConnectionError("refused"))
+'a connection failed (ConnectionError: refused)'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import traceback
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from agentrl.metrics import read_metrics
+
+RUN_LOG = "train.log"
+"""The file in a run directory that gets the traceback of the fault that ended the run."""
+
+
+class RunFailed(RuntimeError):
+    """A training run ended by a fault; the message says what died, when, and how to resume."""
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and the exceptions it was raised from or during, innermost last."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def what_died(error: BaseException) -> str:
+    """The part whose failure ``error`` reports, in words, with the error's type and first line."""
+    kinds = [f"{type(e).__module__}.{type(e).__name__}" for e in _chain(error)]
+    if any(kind.startswith("vllm.") for kind in kinds):
+        part = "the inference engine (vLLM) died"
+    elif any(kind.startswith("ray.") for kind in kinds):
+        part = "a Ray actor or node died"
+    elif any(kind.startswith("docker.") for kind in kinds):
+        part = "the Docker engine failed"
+    elif any(isinstance(e, ConnectionError) for e in _chain(error)):
+        part = "a connection failed"
+    elif any(isinstance(e, MemoryError) for e in _chain(error)):
+        part = "the process ran out of memory"
+    else:
+        part = "the run failed"
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return f"{part} ({type(error).__name__}{': ' + first_line if first_line else ''})"
+
+
+def failure_message(error: BaseException, run_dir: str | Path, resume_command: str) -> str:
+    """One paragraph for the person who started the run: what died, the last step finished and the
+    last one saved, where the traceback is, and the command that resumes from the checkpoint."""
+    from agentrl.trainers.checkpoint import list_checkpoints  # torch: not for `agentrl --help`
+
+    run_dir = Path(run_dir)
+    steps = [int(m["step"]) for m in _metrics(run_dir) if any(name.startswith("train/") for name in m)]
+    done = max(steps, default=0)
+    checkpoints = list_checkpoints(run_dir) if run_dir.exists() else []
+    saved = (
+        f"the last checkpoint is {checkpoints[-1]}, which a rerun resumes from: {resume_command}"
+        if checkpoints
+        else f"no checkpoint was written yet (checkpoint_every saves one), so a rerun starts over: {resume_command}"
+    )
+    return (
+        f"Training stopped: {what_died(error)}, after step {done}. {saved[0].upper()}{saved[1:]}. "
+        f"The traceback is in {run_dir / RUN_LOG}."
+    )
+
+
+def write_traceback(error: BaseException, run_dir: str | Path) -> Path:
+    """Append ``error``'s traceback, with the time, to ``RUN_DIR/train.log``; return the file's path."""
+    path = Path(run_dir) / RUN_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(f"--- {stamp}: the run ended with this error\n")
+        handle.write("".join(traceback.format_exception(error)))
+    return path
+
+
+@contextlib.contextmanager
+def vllm_logs_to(run_dir: str | Path) -> Iterator[Path]:
+    """For the time of a run, vLLM's log records in this process (warnings and up: an engine that
+    died logs its traceback) go to ``RUN_DIR/train.log`` instead of the screen, where the progress
+    bars and a fault's one message are. vLLM must not configure its own logging for this: set
+    ``VLLM_CONFIGURE_LOGGING=0`` before it is imported (``agentrl train`` does, unless
+    ``VLLM_LOGGING_LEVEL`` is set, which asks for vLLM's logs on the screen)."""
+    path = Path(run_dir) / RUN_LOG
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    logger = logging.getLogger("vllm")
+    saved = (logger.level, logger.propagate)
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    try:
+        yield path
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+        handler.close()
+
+
+def resume_command(arguments: Sequence[str], resume: bool) -> str:
+    """The ``agentrl train`` command that resumes a run started with ``arguments`` (its config and
+    overrides): the same, with ``resume=true`` added where the run had resume off."""
+    words = ["agentrl", "train", *arguments]
+    if not resume:
+        words.append("resume=true")
+    return " ".join(words)
+
+
+def _metrics(run_dir: Path) -> list[dict[str, float]]:
+    try:
+        return read_metrics(run_dir)
+    except (FileNotFoundError, ValueError):  # no step logged yet, or a line cut by the fault
+        return []
