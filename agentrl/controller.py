@@ -24,6 +24,7 @@ from agentrl.dashboard.records import sample_records, write_samples
 from agentrl.metrics import MetricsLogger
 from agentrl.plot import plot_run
 from agentrl.policies import Policy
+from agentrl.policies.supervisor import EngineSupervisor
 from agentrl.rollout import RolloutEngine, RolloutStats, StalenessWindow, TrajectoryBuffer, group_env_seed
 from agentrl.rollout.scheduler import close_quietly
 from agentrl.rollout.staleness import required_groups, take_required
@@ -380,6 +381,8 @@ class Controller:
         self.window.trained(len(groups))
         state.policy_version = version + self.version_offset
         metrics.update(self._batch_metrics(trajectories, version))
+        if isinstance(self.policy, EngineSupervisor):
+            metrics.update(self.policy.metrics())
         metrics["perf/time_rollout"] = rollout_seconds
         metrics["perf/time_step"] = rollout_seconds + metrics["perf/time_train"] + metrics["perf/time_sync"]
         metrics["perf/tokens_per_s"] = sum(t.num_generated for t in trajectories) / metrics["perf/time_step"]

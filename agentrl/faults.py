@@ -26,10 +26,19 @@ RUN_LOG = "train.log"
 
 
 class RunFailed(RuntimeError):
-    """A training run ended by a fault; the message says what died, when, and how to resume."""
+    """A training run ended by a fault; the message says what died, when, and how to resume.
+
+    An episode does not count this as its own failure (as it counts any other exception): it is
+    raised through the rollout to the run, which ends.
+    """
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
+class EngineLost(RunFailed):
+    """The inference engine died once more than ``max_engine_restarts`` allows, or could not be
+    started again (:class:`~agentrl.policies.supervisor.EngineSupervisor`)."""
+
+
+def error_chain(error: BaseException) -> Iterator[BaseException]:
     """``error`` and the exceptions it was raised from or during, innermost last."""
     seen: set[int] = set()
     current: BaseException | None = error
@@ -41,16 +50,16 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 
 def what_died(error: BaseException) -> str:
     """The part whose failure ``error`` reports, in words, with the error's type and first line."""
-    kinds = [f"{type(e).__module__}.{type(e).__name__}" for e in _chain(error)]
+    kinds = [f"{type(e).__module__}.{type(e).__name__}" for e in error_chain(error)]
     if any(kind.startswith("vllm.") for kind in kinds):
         part = "the inference engine (vLLM) died"
     elif any(kind.startswith("ray.") for kind in kinds):
         part = "a Ray actor or node died"
     elif any(kind.startswith("docker.") for kind in kinds):
         part = "the Docker engine failed"
-    elif any(isinstance(e, ConnectionError) for e in _chain(error)):
+    elif any(isinstance(e, ConnectionError) for e in error_chain(error)):
         part = "a connection failed"
-    elif any(isinstance(e, MemoryError) for e in _chain(error)):
+    elif any(isinstance(e, MemoryError) for e in error_chain(error)):
         part = "the process ran out of memory"
     else:
         part = "the run failed"

@@ -108,6 +108,12 @@ METRICS: Mapping[str, str] = {
     "perf/time_sync": "seconds spent publishing the new weights to the inference engine",
     "perf/time_select": "curriculum: seconds spent choosing prompts since the last step (PCL: env resets, value model scoring and update)",
     "perf/time_step": "wall seconds of the whole step (less than the sum of the phases when they overlap)",
+    # Faults the run survived (single-policy runs; see agentrl.policies.supervisor).
+    "fault/engine_restarts": "inference engines started so far in this run of the command to replace one that died",
+    "fault/engine_seconds_lost": (
+        "seconds so far from an engine's death being noticed to its replacement serving the last weights "
+        "(generation waited that long; the episodes the death cut short are in rollout/failed)"
+    ),
     # Evaluation on the held-out split (before training, every few steps, after training).
     "eval/success_rate": 'share of held-out episodes whose final `info["success"]` was true',
     "eval/reward_mean": "mean episode return on the held-out split",
@@ -132,7 +138,7 @@ FREE_FORM_PREFIXES: Mapping[str, str] = {
 }
 """Name families with no fixed members, and what goes in them."""
 
-POLICY_KINDS: tuple[str, ...] = ("rollout", "train", "perf", "eval")
+POLICY_KINDS: tuple[str, ...] = ("rollout", "train", "perf", "eval", "fault")
 """The kinds of fixed name that a multi-policy run logs once per policy."""
 
 PER_POLICY: Mapping[str, str] = {

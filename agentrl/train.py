@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import importlib
 import json
 import logging
@@ -58,6 +59,7 @@ from agentrl.metrics import MetricsLogger
 from agentrl.model_paths import resolve_model
 from agentrl.multi_train import train_policies
 from agentrl.policies import Policy
+from agentrl.policies.supervisor import EngineSupervisor
 from agentrl.registry import is_multiagent, spec
 from agentrl.server.run import ServerThread
 from agentrl.train_config import EVAL_SEED_OFFSET, CurriculumConfig, PolicyConfig, StageConfig, TrainConfig
@@ -140,12 +142,13 @@ def _train_one_policy(config: TrainConfig, progress: Progress, policy: Policy | 
     progress.on_phase("starting the inference engine", 0)
     ray_session = _RaySession(config.rollout.ray_address)
     own_policy = policy is None
-    if policy is None:
-        policy = (
-            ray_session.policy(config.rollout, model_path)
+    if policy is None:  # an engine that dies is replaced (EngineSupervisor), max_engine_restarts times
+        start = (
+            functools.partial(ray_session.policy, config.rollout, model_path)
             if config.rollout.ray_address
-            else make_policy(config.rollout)
+            else functools.partial(make_policy, config.rollout)
         )
+        policy = EngineSupervisor(start, max_restarts=config.max_engine_restarts)
     try:
         trainer = build_trainer(
             model_path, settings.trainer, policy.tokenizer, device=config.device, dtype=config.rollout.dtype
@@ -188,10 +191,10 @@ class _RaySession:
 
     def __init__(self, address: str | None):
         self.address = address
-        self.actor: Any = None
         self.own_ray = False
 
     def policy(self, rollout: EngineConfig, model_path: str) -> Policy:
+        """A new policy actor, owned by the policy returned (closing it kills the actor)."""
         import ray  # an optional dependency, only for ray_address
 
         from agentrl.policies.ray_actor import RemotePolicy, start_policy_actor  # imports Ray
@@ -199,18 +202,15 @@ class _RaySession:
         if not ray.is_initialized():
             ray.init(address=None if self.address == "local" else self.address)
             self.own_ray = True
-        self.actor = start_policy_actor(rollout.backend, model_path, policy_options(rollout))
-        return RemotePolicy(self.actor, load_tokenizer(model_path))
+        actor = start_policy_actor(rollout.backend, model_path, policy_options(rollout))
+        return RemotePolicy(actor, load_tokenizer(model_path), owns_actor=True)
 
     def close(self) -> None:
-        if self.address is None:
+        if self.address is None or not self.own_ray:
             return
         import ray  # only imported when a session was opened
 
-        if self.actor is not None:
-            ray.kill(self.actor)
-        if self.own_ray:
-            ray.shutdown()
+        ray.shutdown()
 
 
 def _curriculum(config: TrainConfig, model_path: str, tokenizer: Any) -> PromptCurriculum | None:

@@ -151,6 +151,8 @@ class TrainConfig:
     """How many checkpoints to keep."""
     resume: bool = True
     """Continue from the newest checkpoint in run_dir when there is one."""
+    max_engine_restarts: int = 3
+    """Times a dead inference engine (vLLM's engine core, a Ray policy actor) is replaced by a new one with the last weights in one run of the command; one more death ends the run (0: the first does). Single-policy runs."""
     export: bool = True
     """Save the trained model as a transformers checkpoint in run_dir/model at the end."""
     tensorboard: bool = False
@@ -213,6 +215,10 @@ class TrainConfig:
             )
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}.")
+        if self.max_engine_restarts < 0:
+            raise ValueError(
+                f"max_engine_restarts must be >= 0 (0: the first engine death ends the run), got {self.max_engine_restarts}."
+            )
         if self.tail_batching and (self.max_staleness != 0 or self.tail_extra <= 0):
             raise ValueError(
                 f"tail_batching is synchronous and needs max_staleness 0 and tail_extra > 0, got {self.max_staleness} "

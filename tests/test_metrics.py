@@ -53,7 +53,7 @@ def lines_of(run_dir: Path) -> list[dict[str, Any]]:
 def test_table_has_the_required_names_each_with_a_one_line_meaning():
     assert set(REQUIRED) <= set(METRICS)
     for name, meaning in METRICS.items():
-        assert re.fullmatch(r"(rollout|train|perf|eval)/[a-z0-9_]+", name), name
+        assert re.fullmatch(r"(rollout|train|perf|eval|fault)/[a-z0-9_]+", name), name
         assert meaning.strip() and "\n" not in meaning, name
 
 

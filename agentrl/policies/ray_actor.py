@@ -130,9 +130,11 @@ class RemotePolicy:
     an update made through it; the actor's own is ``await actor.version.remote()``.
     """
 
-    def __init__(self, actor: ActorHandle, tokenizer: Any):
+    def __init__(self, actor: ActorHandle, tokenizer: Any, *, owns_actor: bool = False):
         self.actor = actor
         self.tokenizer = tokenizer
+        self.owns_actor = owns_actor
+        """Whether :meth:`close` ends the actor (it was started for this policy alone)."""
         self._version = 0
 
     @property
@@ -161,4 +163,6 @@ class RemotePolicy:
         return self._version
 
     def close(self) -> None:
-        """Nothing to free here: the actor belongs to whoever started it."""
+        """Kill the actor if this policy owns it; otherwise nothing: it belongs to whoever started it."""
+        if self.owns_actor:
+            ray.kill(self.actor)

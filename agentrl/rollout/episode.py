@@ -13,7 +13,8 @@ Nothing one episode does can stop the run. An env that raises, an env or a polic
 its time limit, or a context that fills up ends *that* episode: its trajectory comes back with
 ``error`` (for failures) or ``truncated`` (for limits) set, and the engine counts it. An env that
 failed or hung is thrown away and a fresh one is made for the next episode, since it may be stuck in
-a thread that cannot be killed.
+a thread that cannot be killed. The one exception is :class:`~agentrl.faults.RunFailed` (a policy
+whose engine is gone for good raises it): that ends the run, not the episode.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from agentrl.agents.chat import ChatAgent
 from agentrl.agents.trajectory import TrajectoryBuilder
 from agentrl.env import AgentEnv, as_agent_env
+from agentrl.faults import RunFailed
 from agentrl.policies.base import Policy, Sampling
 from agentrl.rollout.scheduler import EpisodeTask, GroupScheduler, sample_sampling
 from agentrl.types import Trajectory
@@ -148,7 +150,8 @@ async def run_episode(
     agent_id: str = "agent",
     policy_id: str = "default",
 ) -> Trajectory:
-    """Play one episode and return its trajectory; never raises except on cancellation.
+    """Play one episode and return its trajectory; never raises except on cancellation and
+    :class:`~agentrl.faults.RunFailed`.
 
     The final step's ``info`` (``success`` and the like) lands in ``trajectory.info``.
     """
@@ -163,6 +166,8 @@ async def run_episode(
             await _play(env, builder, policy, sampling, limits, seed, options, state, clock)
     except EpisodeTimeout:
         state.error = timeout_error(clock, state.phase)
+    except RunFailed:  # the run cannot go on (its engine is gone for good): not this episode's fault
+        raise
     except Exception as e:  # one bad episode is counted, never fatal
         state.error = f"{type(e).__name__}: {e} (during {state.phase})"
     info = {**state.info, "seconds": time.perf_counter() - started, "seed": seed}

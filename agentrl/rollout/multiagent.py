@@ -23,6 +23,7 @@ from pettingzoo import AECEnv, ParallelEnv
 
 from agentrl.agents.chat import ChatAgent
 from agentrl.agents.trajectory import TrajectoryBuilder
+from agentrl.faults import RunFailed
 from agentrl.mapping import MappingPreset, policy_mapping
 from agentrl.policies.base import Policy, Sampling
 from agentrl.registry import MultiAgentEnv
@@ -66,7 +67,7 @@ async def run_multiagent_episode(
     and every agent that took part; each has ``group_id`` ``f"{group_id}/{agent_id}"`` (each
     agent's samples of one task form their own GRPO group). Raises ``ValueError`` at once if a
     possible agent has no chat agent or no policy; after that never raises (except on
-    cancellation): an env that raises or hangs past ``limits.turn_timeout``, or a policy that
+    cancellation and :class:`~agentrl.faults.RunFailed`): an env that raises or hangs past ``limits.turn_timeout``, or a policy that
     fails, sets ``error`` on every trajectory.
 
     >>> trajectories = await run_multiagent_episode(  # doctest: +SKIP
@@ -88,6 +89,8 @@ async def run_multiagent_episode(
                 await _play_parallel(env, episode, seed, options)
     except EpisodeTimeout:
         episode.error = timeout_error(episode.clock, episode.phase)
+    except RunFailed:  # the run cannot go on (its engine is gone for good): not this episode's fault
+        raise
     except Exception as e:  # one bad episode is counted, never fatal
         episode.error = f"{type(e).__name__}: {e} (during {episode.phase})"
     return episode.finish({"seconds": time.perf_counter() - started, "seed": seed})

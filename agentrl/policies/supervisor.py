@@ -1,0 +1,227 @@
+"""A policy whose inference engine is replaced when it dies: :class:`EngineSupervisor`.
+
+An engine dies under a run: vLLM's engine-core process is killed (out of memory, a crash), a Ray
+policy actor or its node goes away. The supervisor wraps the engine and, when a request or a weight
+update fails with such a death (:func:`engine_died`), does what a person would:
+
+1. the requests running on the dead engine fail with their cause, as before (their episodes are
+   counted as failed and their groups replaced);
+2. a new engine is started, from the same factory, in a thread of its own (the run's loop goes on);
+   requests made meanwhile wait for it;
+3. the weights of the last update are loaded into it, so that it serves exactly what the trainer
+   last published, and its versions are counted on from there: a token it generates carries the
+   same version a token of the dead engine would have (the staleness bound and the off-policy
+   corrections read it);
+4. generation resumes.
+
+At most ``max_restarts`` engines are started this way; one more death (or a new engine that fails to
+start) makes every request, and so the run, end with :class:`~agentrl.faults.EngineLost`, which says
+what happened. To load them into a new engine the supervisor keeps a copy of the last weights in
+host memory (one model's worth; ``max_restarts=0`` keeps none).
+
+>>> policy = EngineSupervisor(lambda: make_policy("vllm", "path/to/model"), max_restarts=3)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from agentrl.faults import EngineLost, error_chain
+from agentrl.policies.base import Generation, Policy, Sampling
+
+log = logging.getLogger(__name__)
+
+ENGINE_DEATHS = frozenset({"EngineDeadError", "RayActorError", "ActorDiedError", "ActorUnavailableError"})
+"""Names of the exception types that say an engine is gone: vLLM's ``EngineDeadError`` (its engine
+core process died) and Ray's actor errors (a policy actor, or its node, died). Matched by name, so
+that neither library is imported to tell."""
+
+
+def engine_died(error: BaseException) -> bool:
+    """Whether ``error``, or an exception it was raised from, says the engine is gone (:data:`ENGINE_DEATHS`)."""
+    return any(kind.__name__ in ENGINE_DEATHS for e in error_chain(error) for kind in type(e).__mro__)
+
+
+class EngineSupervisor:
+    """A :class:`~agentrl.policies.Policy` that starts its engine with ``start()`` and starts a new one,
+    with the last weights, when it dies (see the module docstring). ``version`` counts this
+    supervisor's weight updates, whichever engine took them."""
+
+    def __init__(self, start: Callable[[], Policy], *, max_restarts: int = 3):
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0 (0: the first engine death ends the run), got {max_restarts}.")
+        self._start = start
+        self.max_restarts = max_restarts
+        self.policy = start()
+        """The engine serving now."""
+        self.tokenizer = self.policy.tokenizer
+        self.restarts = 0
+        """Engines started to replace a dead one."""
+        self.seconds_lost = 0.0
+        """Seconds from each death being noticed to its replacement serving, summed."""
+        self.failure: EngineLost | None = None
+        """Set when the engine died once more than allowed; every request raises it from then on."""
+        self._version = 0
+        self._offset = 0  # this supervisor's version minus the serving engine's
+        self._weights: list[tuple[str, Any]] | None = None  # the last update, for a new engine
+        self._lock = threading.Lock()
+        self._restarting: concurrent.futures.Future[None] | None = None
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
+        policy, offset = await self._serving()
+        try:
+            generation = await policy.generate(prompt_ids, sampling)
+        except Exception as error:
+            if engine_died(error):
+                self._restart_soon(policy, error)
+            raise  # this request's episode fails with its cause; later ones wait for the new engine
+        return generation._replace(version=generation.version + offset)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        weights = self._keep(named_tensors)
+        while True:
+            policy = self._serving_now()
+            try:
+                inner = policy.update_weights(weights)
+            except Exception as error:
+                if not engine_died(error):
+                    raise
+                self._restart_soon(policy, error)
+                continue  # loaded into the new engine instead, once it serves
+            version = self._updated(policy, weights, inner)
+            if version is not None:
+                return version
+
+    async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
+        weights = await asyncio.to_thread(self._keep, named_tensors)
+        while True:
+            policy, _ = await self._serving()
+            try:
+                inner = await policy.aupdate_weights(weights)
+            except Exception as error:
+                if not engine_died(error):
+                    raise
+                self._restart_soon(policy, error)
+                continue
+            version = self._updated(policy, weights, inner)
+            if version is not None:
+                return version
+
+    def metrics(self) -> dict[str, float]:
+        """``fault/engine_restarts`` and ``fault/engine_seconds_lost`` so far."""
+        return {"fault/engine_restarts": float(self.restarts), "fault/engine_seconds_lost": self.seconds_lost}
+
+    def close(self) -> None:
+        restarting = self._restarting
+        if restarting is not None:  # a new engine being started is closed once it is up
+            restarting.result(timeout=600)
+        self.policy.close()
+
+    # --- restarts ----------------------------------------------------------------------------------
+
+    def _keep(self, named_tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+        """The update as a list; with restarts allowed, copies in host memory (the trainer's own
+        tensors change with its next step, and a new engine must get these)."""
+        if not self.max_restarts:
+            return list(named_tensors)
+        return [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in named_tensors]
+
+    def _updated(self, policy: Policy, weights: list[tuple[str, Any]], inner: int) -> int | None:
+        """Count an update ``policy`` took as version ``inner``; None if ``policy`` died meanwhile and
+        was replaced, or is being replaced, by an engine that has not got this update (push again)."""
+        with self._lock:
+            if policy is not self.policy or self._restarting is not None:
+                return None
+            self._version += 1
+            self._offset = self._version - inner
+            if self.max_restarts:
+                self._weights = weights
+            return self._version
+
+    async def _serving(self) -> tuple[Policy, int]:
+        """The engine serving now and its version offset, once no new engine is being started."""
+        while True:
+            with self._lock:
+                if self.failure is not None:
+                    raise self.failure
+                restarting = self._restarting
+                if restarting is None:
+                    return self.policy, self._offset
+            await asyncio.wrap_future(restarting)
+
+    def _serving_now(self) -> Policy:
+        """:meth:`_serving`, blocking."""
+        while True:
+            with self._lock:
+                if self.failure is not None:
+                    raise self.failure
+                restarting = self._restarting
+                if restarting is None:
+                    return self.policy
+            restarting.result()
+
+    def _restart_soon(self, dead: Policy, error: BaseException) -> None:
+        """Start a new engine in place of ``dead`` in a thread, unless one is being started or is up."""
+        with self._lock:
+            if dead is not self.policy or self._restarting is not None or self.failure is not None:
+                return
+            self._restarting = concurrent.futures.Future()
+        threading.Thread(target=self._restart, args=(dead, error), name="agentrl-engine-restart", daemon=True).start()
+
+    def _restart(self, dead: Policy, error: BaseException) -> None:
+        noticed = time.perf_counter()
+        cause = f"{type(error).__name__}: {(str(error).strip().splitlines() or ['no message'])[0]}"
+        try:
+            if self.restarts >= self.max_restarts:
+                raise EngineLost(
+                    f"the inference engine died ({cause}) after {self.restarts} restart(s) this run, and "
+                    f"max_engine_restarts is {self.max_restarts}; raise it to let the run start more engines"
+                ) from error
+            self.restarts += 1
+            log.warning(
+                "the inference engine died (%s); starting a new one (%d of at most %d)",
+                cause,
+                self.restarts,
+                self.max_restarts,
+            )
+            _close_quietly(dead)
+            policy = self._start()
+            with self._lock:
+                weights, version = self._weights, self._version
+            inner = policy.update_weights(weights) if weights is not None else policy.version
+            with self._lock:
+                self.policy, self._offset = policy, version - inner
+            log.warning("a new inference engine serves version %d after %.1f s", version, time.perf_counter() - noticed)
+        except Exception as e:
+            failure = (
+                e
+                if isinstance(e, EngineLost)
+                else EngineLost(f"the inference engine died ({cause}) and a new one failed to start: {e}")
+            )
+            if failure is not e:
+                failure.__cause__ = e
+            with self._lock:
+                self.failure = failure
+        finally:
+            with self._lock:
+                self.seconds_lost += time.perf_counter() - noticed
+                restarting, self._restarting = self._restarting, None
+            assert restarting is not None
+            restarting.set_result(None)
+
+
+def _close_quietly(policy: Policy) -> None:
+    try:
+        policy.close()
+    except Exception as e:  # a dead engine may not close cleanly; its processes are gone anyway
+        log.warning("closing the dead inference engine failed: %s", e)
