@@ -91,7 +91,7 @@ class CleanErrors(typer.core.TyperGroup):
             if os.environ.get("AGENTRL_TRACEBACK"):
                 raise
             message = error_message(e)
-            if not isinstance(e, (agentrl.UnknownEnvError, ConfigError)):
+            if not isinstance(e, (agentrl.UnknownEnvError, ConfigError, RunFailed)):  # RunFailed names its log
                 # A ValueError may also come from a bug deep in a run: say how to see where it was raised.
                 message += " (AGENTRL_TRACEBACK=1 shows where it was raised.)"
             fail(message, code=2 if isinstance(e, USAGE_ERRORS) else 1)
@@ -604,9 +604,6 @@ def train_command(
     Prints held-out success before and after training; writes metrics, checkpoints, the trained model
     and the curves into run_dir.
     """
-    if "VLLM_LOGGING_LEVEL" not in os.environ:  # set it to see vLLM's log on the screen
-        os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
-        os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")  # its records go to RUN_DIR/train.log
     from agentrl.train import TrainConfig, train  # torch and transformers: not for `agentrl --help`
 
     if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
@@ -622,6 +619,7 @@ def train_command(
             ) from e
     if not is_multiagent(settings.rollout.env_id):  # a multi-agent id trains several policies
         agentrl.spec(settings.rollout.env_id)  # an unknown env fails now, before the engine starts
+    # vLLM's log goes to RUN_DIR/train.log (VLLM_LOGGING_LEVEL=INFO shows it on the screen instead).
     with _TrainProgress() as progress, vllm_logs_to(settings.run_dir):
         try:
             result = train(settings, progress.hooks())  # no model, no server: CleanErrors

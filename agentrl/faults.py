@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import logging
+import json
+import os
+import re
+import tempfile
 import traceback
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -63,6 +66,8 @@ def what_died(error: BaseException) -> str:
         part = "the process ran out of memory"
     else:
         part = "the run failed"
+    if isinstance(error, RunFailed):  # written for a person already
+        return str(error)
     first_line = (str(error).strip().splitlines() or [""])[0]
     return f"{part} ({type(error).__name__}{': ' + first_line if first_line else ''})"
 
@@ -74,15 +79,17 @@ def failure_message(error: BaseException, run_dir: str | Path, resume_command: s
 
     run_dir = Path(run_dir)
     steps = [int(m["step"]) for m in _metrics(run_dir) if any(name.startswith("train/") for name in m)]
-    done = max(steps, default=0)
     checkpoints = list_checkpoints(run_dir) if run_dir.exists() else []
+    # A step is checkpointed before its metrics are logged: a fault in between leaves only the checkpoint.
+    saved_steps = [int(match.group(1)) for c in checkpoints if (match := re.search(r"(\d+)$", Path(c).name))]
+    done = max(steps + saved_steps, default=0)
     saved = (
         f"the last checkpoint is {checkpoints[-1]}, which a rerun resumes from: {resume_command}"
         if checkpoints
         else f"no checkpoint was written yet (checkpoint_every saves one), so a rerun starts over: {resume_command}"
     )
     return (
-        f"Training stopped: {what_died(error)}, after step {done}. {saved[0].upper()}{saved[1:]}. "
+        f"Training stopped after step {done}: {what_died(error)}. {saved[0].upper()}{saved[1:]}. "
         f"The traceback is in {run_dir / RUN_LOG}."
     )
 
@@ -100,27 +107,38 @@ def write_traceback(error: BaseException, run_dir: str | Path) -> Path:
 
 @contextlib.contextmanager
 def vllm_logs_to(run_dir: str | Path) -> Iterator[Path]:
-    """For the time of a run, vLLM's log records in this process (warnings and up: an engine that
-    died logs its traceback) go to ``RUN_DIR/train.log`` instead of the screen, where the progress
-    bars and a fault's one message are. vLLM must not configure its own logging for this: set
-    ``VLLM_CONFIGURE_LOGGING=0`` before it is imported (``agentrl train`` does, unless
-    ``VLLM_LOGGING_LEVEL`` is set, which asks for vLLM's logs on the screen)."""
+    """For the time of a run, vLLM's log records (warnings and up, from this process and from the
+    engine processes it starts: an engine that dies logs its traceback) go to ``RUN_DIR/train.log``
+    instead of the screen, where the progress bars and a fault's one message are.
+
+    vLLM configures its logging from a file named by ``VLLM_LOGGING_CONFIG_PATH``, in every process
+    and again at each engine start; this writes such a file for the run (unless the environment
+    already names one, or sets ``VLLM_LOGGING_LEVEL``, which asks for vLLM's log on the screen). It
+    must be entered before vLLM is imported.
+    """
     path = Path(run_dir) / RUN_LOG
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-    logger = logging.getLogger("vllm")
-    saved = (logger.level, logger.propagate)
-    logger.addHandler(handler)
-    logger.setLevel(logging.WARNING)
-    logger.propagate = False
+    if "VLLM_LOGGING_CONFIG_PATH" in os.environ or "VLLM_LOGGING_LEVEL" in os.environ:
+        yield path
+        return
+    config = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+        "handlers": {
+            "run_log": {"class": "logging.FileHandler", "filename": str(path.resolve()), "formatter": "plain"}
+        },
+        "loggers": {"vllm": {"handlers": ["run_log"], "level": "WARNING", "propagate": False}},
+    }
+    handle, config_path = tempfile.mkstemp(prefix="agentrl-vllm-logging-", suffix=".json")
+    with os.fdopen(handle, "w") as file:
+        json.dump(config, file)
+    os.environ["VLLM_LOGGING_CONFIG_PATH"] = config_path
     try:
         yield path
     finally:
-        logger.removeHandler(handler)
-        logger.setLevel(saved[0])
-        logger.propagate = saved[1]
-        handler.close()
+        os.environ.pop("VLLM_LOGGING_CONFIG_PATH", None)
+        os.unlink(config_path)
 
 
 def resume_command(arguments: Sequence[str], resume: bool) -> str:

@@ -25,6 +25,11 @@ checkpoint every ``checkpoint_every`` steps (written right after the optimizer s
 weights go to the engine, so that a fault there cannot cost the step), the trained model to
 ``RUN_DIR/model`` and the curves to ``RUN_DIR/curves.png``.
 
+An inference engine that dies under the run (vLLM's engine core, a Ray policy actor) is replaced by
+a new one with the last weights, up to ``max_engine_restarts`` times
+(:class:`~agentrl.policies.supervisor.EngineSupervisor`); ``agentrl train`` turns a fault that ends
+the run into one message (:mod:`agentrl.faults`).
+
 Resuming (``resume: true``, the default, when ``RUN_DIR`` holds a checkpoint) restores the trainer,
 sends its weights to the engine, puts the buffered groups back, and replays exactly the groups that
 were started but neither trained on nor buffered. ``RUN_DIR/batches.jsonl`` records which groups

@@ -165,7 +165,7 @@ def test_one_death_more_than_allowed_ends_the_run_with_engine_lost():
     async def scenario():
         with pytest.raises(EngineDeadError):
             await policy.generate([1], SAMPLING)
-        with pytest.raises(EngineLost, match="max_engine_restarts is 0") as lost:
+        with pytest.raises(EngineLost, match="max_engine_restarts=0 allows no more new engines") as lost:
             await policy.generate([1], SAMPLING)
         return lost.value
 

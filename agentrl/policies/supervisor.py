@@ -180,12 +180,13 @@ class EngineSupervisor:
 
     def _restart(self, dead: Policy, error: BaseException) -> None:
         noticed = time.perf_counter()
-        cause = f"{type(error).__name__}: {(str(error).strip().splitlines() or ['no message'])[0]}"
+        first = (str(error).strip().splitlines() or ["no message"])[0].split(". ")[0].rstrip(".")
+        cause = f"{type(error).__name__}: {first}"
         try:
             if self.restarts >= self.max_restarts:
                 raise EngineLost(
-                    f"the inference engine died ({cause}) after {self.restarts} restart(s) this run, and "
-                    f"max_engine_restarts is {self.max_restarts}; raise it to let the run start more engines"
+                    f"the inference engine died ({cause}), and max_engine_restarts={self.max_restarts} allows no "
+                    f"more new engines this run ({self.restarts} started); raise it to let a run replace more"
                 ) from error
             self.restarts += 1
             log.warning(
