@@ -222,3 +222,14 @@ def test_an_episode_counts_an_engine_death_but_passes_engine_lost_on(tiny_tokeni
     assert counted.error.startswith("EngineDeadError: dead")
     with pytest.raises(RunFailed):
         asyncio.run(run_episode(env, agent, Dying(EngineLost("gone")), SAMPLING, limits, seed=0))
+
+
+def test_only_tensors_changed_since_the_last_update_are_copied_again():
+    policy = EngineSupervisor(Factory(), max_restarts=1)
+    frozen, trained = torch.zeros(3), torch.zeros(3)
+    first = dict(policy._keep([("frozen", frozen), ("trained", trained)]))
+    trained.add_(1.0)  # an optimizer step: in place
+    second = dict(policy._keep([("frozen", frozen), ("trained", trained)]))
+    assert second["frozen"] is first["frozen"] and second["trained"] is not first["trained"]
+    assert torch.equal(first["trained"], torch.zeros(3)) and torch.equal(second["trained"], torch.ones(3))
+    assert second["frozen"].data_ptr() != frozen.data_ptr()  # a copy, not the trainer's tensor

@@ -70,6 +70,7 @@ class EngineSupervisor:
         self._version = 0
         self._offset = 0  # this supervisor's version minus the serving engine's
         self._weights: list[tuple[str, Any]] | None = None  # the last update, for a new engine
+        self._copies: dict[str, tuple[tuple[int, int], Any]] = {}  # name -> (its tensor's stamp, the copy)
         self._lock = threading.Lock()
         self._restarting: concurrent.futures.Future[None] | None = None
 
@@ -130,11 +131,23 @@ class EngineSupervisor:
     # --- restarts ----------------------------------------------------------------------------------
 
     def _keep(self, named_tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
-        """The update as a list; with restarts allowed, copies in host memory (the trainer's own
-        tensors change with its next step, and a new engine must get these)."""
+        """The update as a list; with restarts allowed, of copies in host memory (the trainer's own
+        tensors change with its next step, and a new engine must get these). A tensor unchanged
+        since the last update (same storage, same in-place version count: a frozen layer) keeps its
+        copy, so only what training changed is copied again."""
         if not self.max_restarts:
             return list(named_tensors)
-        return [(name, tensor.detach().to("cpu", copy=True)) for name, tensor in named_tensors]
+        kept, copies = [], {}
+        for name, tensor in named_tensors:
+            stamp = (tensor.data_ptr(), tensor._version)  # _version grows with every in-place change
+            previous = self._copies.get(name)
+            copy = (
+                previous[1] if previous is not None and previous[0] == stamp else tensor.detach().to("cpu", copy=True)
+            )
+            copies[name] = (stamp, copy)
+            kept.append((name, copy))
+        self._copies = copies
+        return kept
 
     def _updated(self, policy: Policy, weights: list[tuple[str, Any]], inner: int) -> int | None:
         """Count an update ``policy`` took as version ``inner``; None if ``policy`` died meanwhile and
