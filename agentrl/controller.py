@@ -381,8 +381,7 @@ class Controller:
         self.window.trained(len(groups))
         state.policy_version = version + self.version_offset
         metrics.update(self._batch_metrics(trajectories, version))
-        if isinstance(self.policy, EngineSupervisor):
-            metrics.update(self.policy.metrics())
+        metrics.update(self._fault_metrics())
         metrics["perf/time_rollout"] = rollout_seconds
         metrics["perf/time_step"] = rollout_seconds + metrics["perf/time_train"] + metrics["perf/time_sync"]
         metrics["perf/tokens_per_s"] = sum(t.num_generated for t in trajectories) / metrics["perf/time_step"]
@@ -392,6 +391,14 @@ class Controller:
         if config.eval_every and state.step % config.eval_every == 0 and state.step < config.steps:
             await self._evaluate(state.step)
         await self._notify()
+
+    def _fault_metrics(self) -> dict[str, float]:
+        """What the run's faults cost so far: engines replaced, Ray env workers replaced."""
+        metrics = self.policy.metrics() if isinstance(self.policy, EngineSupervisor) else {}
+        retired = getattr(self.engine, "retired", None)  # a DistributedRollout's dead workers
+        if retired is not None:
+            metrics["fault/env_workers_replaced"] = float(len(retired))
+        return metrics
 
     async def _curriculum_metrics(self, groups: list[list[Trajectory]]) -> dict[str, float]:
         """What the prompt selection did for this batch; with PCL, the value model's update on the

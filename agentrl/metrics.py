@@ -114,6 +114,7 @@ METRICS: Mapping[str, str] = {
         "seconds so far from an engine's death being noticed to its replacement serving the last weights "
         "(generation waited that long; the episodes the death cut short are in rollout/failed)"
     ),
+    "fault/env_workers_replaced": "rollout.ray_address: Ray env workers that died and were replaced so far (their unstarted groups replayed, the rest counted failed)",
     # Evaluation on the held-out split (before training, every few steps, after training).
     "eval/success_rate": 'share of held-out episodes whose final `info["success"]` was true',
     "eval/reward_mean": "mean episode return on the held-out split",

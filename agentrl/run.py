@@ -11,7 +11,6 @@ per episode.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -74,7 +73,7 @@ def _rollout_on_ray(
     import ray  # an optional dependency, only for ray_address
 
     from agentrl.policies.ray_actor import start_policy_actor  # these two import Ray at module level
-    from agentrl.rollout.ray import DistributedRollout
+    from agentrl.rollout.ray import cluster_rollout
 
     if actor is not None and not isinstance(actor, ray.actor.ActorHandle):
         raise ValueError(
@@ -92,18 +91,7 @@ def _rollout_on_ray(
         tokenizer = path or resolve_model(config.model)
         if actor is None:
             actor = start_policy_actor(config.backend, path, policy_options(config))
-        num_workers = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
-        settings = engine_settings(config)
-        settings["concurrency"] = math.ceil(config.concurrency / num_workers)
-        del settings["env_url"]  # None: the config refuses env_url with ray_address (the workers make their envs)
-        with DistributedRollout(
-            actor,
-            config.env_id,
-            tokenizer,
-            num_workers=num_workers,
-            env_kwargs={**config.env_kwargs, "split": config.split},
-            **settings,
-        ) as distributed:
+        with cluster_rollout(actor, config, tokenizer, {**config.env_kwargs, "split": config.split}) as distributed:
             trajectories = asyncio.run(collect(distributed, config.episodes // config.group_size, on_trajectory))
     finally:
         if own_actor and actor is not None:

@@ -50,6 +50,7 @@ import functools
 import importlib
 import json
 import logging
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -166,11 +167,11 @@ def _train_one_policy(config: TrainConfig, progress: Progress, policy: Policy | 
             log.info("resumed from %s at step %d", checkpoints[-1], state.step)
         if checkpoints or not own_policy:  # the engine must serve exactly the trainer's weights
             policy.update_weights(trainer.inference_weights())
-        engine = build_engine(
-            config.rollout.env_id,
-            policy,
-            env_kwargs={**config.rollout.env_kwargs, "split": "train"},
-            **engine_settings(config.rollout),
+        env_kwargs = {**config.rollout.env_kwargs, "split": "train"}
+        engine = (  # with ray_address, env workers on the cluster play against the policy actor
+            ray_session.env_workers(config.rollout, model_path, env_kwargs, config.imports)
+            if config.rollout.ray_address and own_policy
+            else build_engine(config.rollout.env_id, policy, env_kwargs=env_kwargs, **engine_settings(config.rollout))
         )
         with MetricsLogger(
             run_dir, tensorboard=config.tensorboard, wandb=config.wandb, config=to_dict(settings)
@@ -191,15 +192,18 @@ def _train_one_policy(config: TrainConfig, progress: Progress, policy: Policy | 
 
 
 class _RaySession:
-    """With ``rollout.ray_address``, the inference engine runs as a Ray actor and the trainer's
-    weights reach it through Ray's object store (:class:`agentrl.policies.ray_actor.RemotePolicy`)."""
+    """With ``rollout.ray_address``, the inference engine runs as a Ray actor, registered under a name
+    of this run, and the trainer's weights reach it through Ray's object store
+    (:class:`agentrl.policies.ray_actor.RemotePolicy`); the train split is played by env workers on
+    the cluster, which reach the actor by its name, and so follow it to a replacement."""
 
     def __init__(self, address: str | None):
         self.address = address
         self.own_ray = False
+        self.name = f"agentrl-policy-{uuid.uuid4().hex[:12]}"
 
     def policy(self, rollout: EngineConfig, model_path: str) -> Policy:
-        """A new policy actor, owned by the policy returned (closing it kills the actor)."""
+        """A new policy actor under this run's name, owned by the policy returned (closing it kills the actor)."""
         import ray  # an optional dependency, only for ray_address
 
         from agentrl.policies.ray_actor import RemotePolicy, start_policy_actor  # imports Ray
@@ -207,8 +211,17 @@ class _RaySession:
         if not ray.is_initialized():
             ray.init(address=None if self.address == "local" else self.address)
             self.own_ray = True
-        actor = start_policy_actor(rollout.backend, model_path, policy_options(rollout))
+        actor = start_policy_actor(rollout.backend, model_path, policy_options(rollout), name=self.name)
         return RemotePolicy(actor, load_tokenizer(model_path), owns_actor=True)
+
+    def env_workers(
+        self, rollout: EngineConfig, model_path: str, env_kwargs: dict[str, Any], imports: list[str]
+    ) -> Any:
+        """A :class:`~agentrl.rollout.ray.DistributedRollout` playing against the policy actor by name;
+        its workers import the run's ``imports`` (which must be importable on every node) first."""
+        from agentrl.rollout.ray import cluster_rollout  # imports Ray
+
+        return cluster_rollout(self.name, rollout, model_path, env_kwargs, imports)
 
     def close(self) -> None:
         if self.address is None or not self.own_ray:

@@ -215,6 +215,12 @@ class TrainConfig:
             )
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 (0 = synchronous), got {self.max_staleness}.")
+        if self.rollout.ray_address is not None and self.curriculum.selection == "pcl":
+            raise ValueError(
+                "curriculum.selection pcl reads candidate prompts from an env in this process, but with "
+                "rollout.ray_address the train split is played by env workers on the cluster: use "
+                "curriculum.selection filter or uniform, or leave ray_address unset."
+            )
         if self.max_engine_restarts < 0:
             raise ValueError(
                 f"max_engine_restarts must be >= 0 (0: the first engine death ends the run), got {self.max_engine_restarts}."

@@ -145,6 +145,21 @@ def test_a_killed_ray_policy_actor_is_replaced_and_agentrl_train_finishes(tiny_m
 
 
 @pytest.mark.slow
+def test_a_killed_ray_env_worker_is_replaced_and_agentrl_train_finishes(tiny_model_dir, tmp_path):
+    pytest.importorskip("ray", reason="the env workers need ray (pip install -e '.[cpu]')")
+    run_dir = tmp_path / "run"
+    command = tiny_train_command(tiny_model_dir, run_dir, "steps=4", "rollout.backend=hf", "rollout.ray_address=local")
+    code, out, err = run_and_kill(command, run_dir, "EnvWorker")
+    assert code == 0, err[-3000:]
+    steps_logged = [m for m in read_metrics(run_dir) if "train/loss" in m]
+    assert [int(m["step"]) for m in steps_logged] == [1, 2, 3, 4], err[-3000:]
+    assert steps_logged[-1]["fault/env_workers_replaced"] >= 1.0
+    assert all(m["fault/engine_restarts"] == 0.0 for m in steps_logged)
+    groups = [g for line in (run_dir / "batches.jsonl").read_text().splitlines() for g in json.loads(line)["groups"]]
+    assert len(groups) == len(set(groups)) == 8, groups
+
+
+@pytest.mark.slow
 def test_with_no_restarts_allowed_a_killed_engine_ends_agentrl_train_with_one_clear_message(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     command = tiny_train_command(tiny_model_dir, run_dir, "steps=200", "max_engine_restarts=0")

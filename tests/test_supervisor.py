@@ -233,3 +233,30 @@ def test_only_tensors_changed_since_the_last_update_are_copied_again():
     assert second["frozen"] is first["frozen"] and second["trained"] is not first["trained"]
     assert torch.equal(first["trained"], torch.zeros(3)) and torch.equal(second["trained"], torch.ones(3))
     assert second["frozen"].data_ptr() != frozen.data_ptr()  # a copy, not the trainer's tensor
+
+
+def test_a_death_nobody_asked_about_is_found_by_the_ping_and_the_new_engine_counts_our_versions():
+    class Pinged(FakeEngine):
+        def ping(self):
+            if self.dead:
+                raise EngineDeadError("found by the ping")
+
+        def set_version(self, version):  # as a Ray policy actor does, for the env workers that reach it
+            self.version = version
+
+    engines: list[Pinged] = []
+    policy = EngineSupervisor(
+        lambda: engines.append(Pinged(len(engines))) or engines[-1], max_restarts=1, watch_every=0.02
+    )
+    try:
+        policy.update_weights([("w", torch.ones(1))])
+        policy.update_weights([("w", torch.ones(1))])
+        engines[0].dead = True  # no request, no update: only the ping can tell
+        deadline = time.monotonic() + 5
+        while policy.restarts == 0 or policy._restarting is not None:
+            assert time.monotonic() < deadline, "the ping did not find the death"
+            time.sleep(0.01)
+        assert engines[1].version == 2 == policy.version  # what a worker reaching it directly sees
+        assert asyncio.run(policy.generate([1], SAMPLING)).version == 2
+    finally:
+        policy.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -27,6 +28,7 @@ except ImportError as e:  # an optional dependency: say which extra brings it
         "agentrl.policies.ray_actor needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0."
     ) from e
 from ray.actor import ActorHandle
+from ray.exceptions import RayActorError
 
 from agentrl.policies.base import Generation, Policy, Sampling
 from agentrl.policies.make import make_policy
@@ -72,6 +74,7 @@ class PolicyActor:
     ):
         self.policy = make_policy(backend, model, options)
         self._received = self._cancelled = self._in_flight = 0
+        self._offset = 0  # the version this actor reports minus the hosted policy's (set_version)
 
     async def generate(self, prompt_ids: list[int], sampling: Sampling) -> Generation:
         """:meth:`Policy.generate <agentrl.policies.Policy.generate>` on the hosted policy.
@@ -83,7 +86,8 @@ class PolicyActor:
         self._received += 1
         self._in_flight += 1
         try:
-            return await self.policy.generate(prompt_ids, sampling)
+            generation = await self.policy.generate(prompt_ids, sampling)
+            return generation._replace(version=generation.version + self._offset)
         except asyncio.CancelledError:
             self._cancelled += 1
             raise
@@ -97,11 +101,22 @@ class PolicyActor:
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
         """Load new weights into the hosted policy; return its new version."""
         # Awaited, so that requests keep arriving meanwhile (hf's update runs in a thread).
-        return int(await self.policy.aupdate_weights(named_tensors))
+        return int(await self.policy.aupdate_weights(named_tensors)) + self._offset
 
     async def version(self) -> int:
-        """The hosted policy's version."""
-        return self.policy.version
+        """The hosted policy's version (as :meth:`set_version` last set it)."""
+        return self.policy.version + self._offset
+
+    async def ping(self) -> None:
+        """Return if the hosted engine is alive (the backend's own ``ping``, where it has one)."""
+        ping = getattr(self.policy, "ping", None)
+        if ping is not None:
+            await asyncio.to_thread(ping)
+
+    async def set_version(self, version: int) -> None:
+        """Count versions on from ``version``: a new actor that took over a dead one's weights
+        reports the version those had, and its generations carry it."""
+        self._offset = version - self.policy.version
 
     async def location(self) -> WorkerLocation:
         """The node and process this actor runs in."""
@@ -113,12 +128,29 @@ class PolicyActor:
 
 
 def start_policy_actor(
-    backend: str | Callable[[], Policy], model: str | Path | None = None, options: Mapping[str, Any] | None = None
+    backend: str | Callable[[], Policy],
+    model: str | Path | None = None,
+    options: Mapping[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    name_timeout: float = 60.0,
 ) -> ActorHandle:
     """Start a :class:`PolicyActor` (the one way agentrl starts one), on a GPU when the backend is
-    ``vllm`` and the cluster has one; the caller owns it (``ray.kill`` it when done)."""
+    ``vllm`` and the cluster has one; the caller owns it (``ray.kill`` it when done).
+
+    ``name`` registers it under that name, which a :class:`RemotePolicy` made with the name follows
+    to a replacement. A replacement started right after its predecessor was killed waits, up to
+    ``name_timeout`` seconds, for Ray to release the name.
+    """
     gpus = 1 if backend == "vllm" and ray.cluster_resources().get("GPU", 0) >= 1 else 0
-    return PolicyActor.options(num_gpus=gpus).remote(backend, model, options)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + name_timeout
+    while True:
+        try:
+            return PolicyActor.options(num_gpus=gpus, name=name).remote(backend, model, options)  # type: ignore[attr-defined]
+        except ValueError as e:  # "already taken": the dead actor still holds the name
+            if name is None or "already taken" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 class RemotePolicy:
@@ -128,25 +160,37 @@ class RemotePolicy:
     engine unchanged. ``tokenizer`` is the served model's (loaded on this side: tokenizers do not
     travel through Ray). ``version`` is the newest version this side has seen, from a generation or
     an update made through it; the actor's own is ``await actor.version.remote()``.
+
+    ``actor`` is a handle, or the name of a named actor (:func:`start_policy_actor`): then, once the
+    actor died, the next generation waits for a new actor under that name (its caller's time
+    limits bound the wait) and goes to it, which is how env workers follow a policy actor that
+    :class:`~agentrl.policies.supervisor.EngineSupervisor` replaced.
     """
 
-    def __init__(self, actor: ActorHandle, tokenizer: Any, *, owns_actor: bool = False):
-        self.actor = actor
+    def __init__(self, actor: ActorHandle | str, tokenizer: Any, *, owns_actor: bool = False):
+        self.name = actor if isinstance(actor, str) else None
+        self.actor: ActorHandle = ray.get_actor(actor) if isinstance(actor, str) else actor
         self.tokenizer = tokenizer
         self.owns_actor = owns_actor
         """Whether :meth:`close` ends the actor (it was started for this policy alone)."""
         self._version = 0
+        self._dead: ActorHandle | None = None  # a named actor's handle that died
 
     @property
     def version(self) -> int:
         return self._version
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
-        ref: ray.ObjectRef[Generation] = self.actor.generate.remote(list(prompt_ids), sampling)
+        actor = await self._live_actor()
+        ref: ray.ObjectRef[Generation] = actor.generate.remote(list(prompt_ids), sampling)
         try:
             generation: Generation = await ref
         except asyncio.CancelledError:
             ray.cancel(ref)  # the episode gave up on it (a timeout): free the engine's slot too
+            raise
+        except RayActorError:
+            if self.name is not None:
+                self._dead = actor  # the next generation looks the name up again
             raise
         self._version = max(self._version, generation.version)
         return generation
@@ -162,7 +206,33 @@ class RemotePolicy:
         self._version = int(await self.actor.update_weights.remote(list(named_tensors)))
         return self._version
 
+    def ping(self, timeout: float = 60.0) -> None:
+        """Return if the actor and its engine are alive; raise Ray's ``RayActorError`` if the actor
+        died (the engine's own error, wrapped, if the engine died inside it)."""
+        try:
+            ray.get(self.actor.ping.remote(), timeout=timeout)
+        except ray.exceptions.GetTimeoutError:  # busy, not dead: the next ping asks again
+            pass
+
+    def set_version(self, version: int) -> None:
+        """Have the actor count versions on from ``version`` (see :meth:`PolicyActor.set_version`)."""
+        ray.get(self.actor.set_version.remote(version))
+        self._version = version
+
     def close(self) -> None:
         """Kill the actor if this policy owns it; otherwise nothing: it belongs to whoever started it."""
         if self.owns_actor:
             ray.kill(self.actor)
+
+    async def _live_actor(self) -> ActorHandle:
+        """The actor to ask: a named one's successor once it died (waiting for it to appear)."""
+        while self._dead is not None:
+            try:
+                actor = await asyncio.to_thread(ray.get_actor, self.name)
+            except ValueError:  # not registered yet
+                actor = None
+            if actor is not None and actor._actor_id != self._dead._actor_id:
+                self.actor, self._dead = actor, None
+            else:
+                await asyncio.sleep(0.5)
+        return self.actor

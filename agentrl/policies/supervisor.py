@@ -14,6 +14,11 @@ update fails with such a death (:func:`engine_died`), does what a person would:
    corrections read it);
 4. generation resumes.
 
+Deaths are noticed by the requests and updates that pass through the supervisor, and by a ping of
+the engine every ``watch_every`` seconds (backends with a ``ping`` method: vLLM, a Ray policy
+actor), for an engine that others use directly (Ray env workers reach the policy actor by its name,
+:class:`~agentrl.policies.ray_actor.RemotePolicy`, and follow it to the new one).
+
 At most ``max_restarts`` engines are started this way; one more death (or a new engine that fails to
 start) makes every request, and so the run, end with :class:`~agentrl.faults.EngineLost`, which says
 what happened. To load them into a new engine the supervisor keeps a copy of the last weights in
@@ -53,7 +58,7 @@ class EngineSupervisor:
     with the last weights, when it dies (see the module docstring). ``version`` counts this
     supervisor's weight updates, whichever engine took them."""
 
-    def __init__(self, start: Callable[[], Policy], *, max_restarts: int = 3):
+    def __init__(self, start: Callable[[], Policy], *, max_restarts: int = 3, watch_every: float = 2.0):
         if max_restarts < 0:
             raise ValueError(f"max_restarts must be >= 0 (0: the first engine death ends the run), got {max_restarts}.")
         self._start = start
@@ -73,6 +78,9 @@ class EngineSupervisor:
         self._copies: dict[str, tuple[tuple[int, int], Any]] = {}  # name -> (its tensor's stamp, the copy)
         self._lock = threading.Lock()
         self._restarting: concurrent.futures.Future[None] | None = None
+        self._closed = threading.Event()
+        if watch_every > 0:  # others may be the engine's only users (Ray env workers): look for its death too
+            threading.Thread(target=self._watch, args=(watch_every,), name="agentrl-engine-watch", daemon=True).start()
 
     @property
     def version(self) -> int:
@@ -123,6 +131,7 @@ class EngineSupervisor:
         return {"fault/engine_restarts": float(self.restarts), "fault/engine_seconds_lost": self.seconds_lost}
 
     def close(self) -> None:
+        self._closed.set()
         restarting = self._restarting
         if restarting is not None:  # a new engine being started is closed once it is up
             restarting.result(timeout=600)
@@ -183,6 +192,20 @@ class EngineSupervisor:
                     return self.policy
             restarting.result()
 
+    def _watch(self, every: float) -> None:
+        """Every ``every`` seconds, ping the engine (a backend with a ``ping`` method) and replace it if
+        it died: requests that others send it (env workers on a cluster) never pass through here."""
+        while not self._closed.wait(every):
+            policy = self.policy
+            ping = getattr(policy, "ping", None)
+            if ping is None or self._restarting is not None or self.failure is not None:
+                continue
+            try:
+                ping()
+            except Exception as error:
+                if engine_died(error) and not self._closed.is_set():
+                    self._restart_soon(policy, error)
+
     def _restart_soon(self, dead: Policy, error: BaseException) -> None:
         """Start a new engine in place of ``dead`` in a thread, unless one is being started or is up."""
         with self._lock:
@@ -213,6 +236,10 @@ class EngineSupervisor:
             with self._lock:
                 weights, version = self._weights, self._version
             inner = policy.update_weights(weights) if weights is not None else policy.version
+            set_version = getattr(policy, "set_version", None)
+            if set_version is not None:  # the engine itself reports our versions (others reach it too)
+                set_version(version)
+                inner = version
             with self._lock:
                 self.policy, self._offset = policy, version - inner
             log.warning("a new inference engine serves version %d after %.1f s", version, time.perf_counter() - noticed)

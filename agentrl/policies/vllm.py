@@ -127,6 +127,16 @@ class VLLMPolicy:
     def version(self) -> int:
         return self._version
 
+    def ping(self) -> None:
+        """Return if the engine is alive; raise vLLM's ``EngineDeadError`` if its engine core died."""
+        engine = self.engine
+        if engine is not None and self._loop.is_running():  # closed: nothing to ask
+            asyncio.run_coroutine_threadsafe(engine.check_health(), self._loop).result(timeout=60)
+
+    def set_version(self, version: int) -> None:
+        """Count versions on from ``version`` (a new engine that took over a dead one's weights)."""
+        self._version = version
+
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         return await self.generate_with_adapter(None, prompt_ids, sampling)
 

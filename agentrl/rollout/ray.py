@@ -56,6 +56,8 @@ a path or hub id that must load on every node that runs a worker.
 from __future__ import annotations
 
 import asyncio
+import importlib
+import math
 import time
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
@@ -71,7 +73,8 @@ from ray.actor import ActorHandle
 from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from agentrl.build import Engine, build_engine, load_tokenizer
+from agentrl.build import Engine, build_engine, engine_settings, load_tokenizer
+from agentrl.config import EngineConfig
 from agentrl.mapping import MappingPreset, policy_mapping
 from agentrl.policies import Sampling
 from agentrl.policies.ray_actor import RemotePolicy, WorkerLocation, current_location
@@ -90,8 +93,10 @@ _DEATHS = (RayActorError, ObjectLostError)
 # --- the env workers --------------------------------------------------------------------------------
 
 
-Policies = ActorHandle | Mapping[str, ActorHandle]
-"""One :class:`~agentrl.policies.ray_actor.PolicyActor` (serving policy id ``policy_id``), or one per policy id."""
+Policies = ActorHandle | str | Mapping[str, ActorHandle | str]
+"""One :class:`~agentrl.policies.ray_actor.PolicyActor` (serving policy id ``policy_id``), or one per
+policy id; each a handle or the name of a named actor (followed to its replacement, see
+:class:`~agentrl.policies.ray_actor.RemotePolicy`)."""
 Tokenizers = str | Path | Mapping[str, str | Path]
 """One tokenizer (a path or hub id) for every policy, or one per policy id."""
 
@@ -103,8 +108,9 @@ class EnvWorker:
     The engine is :func:`agentrl.build.build_engine`'s, built here from plain values: each policy
     as a :class:`~agentrl.policies.ray_actor.RemotePolicy` on its actor, with the tokenizer of its
     policy id (loaded here, once per path). A multi-agent env's agents go to the actor of the
-    policy id ``mapping`` gives them. The other arguments are the builder's; ``concurrency`` bounds
-    the episodes of one :meth:`run` call.
+    policy id ``mapping`` gives them. ``imports`` are modules imported first (a user's package that
+    registers the env; it must be importable on the worker's node). The other arguments are the
+    builder's; ``concurrency`` bounds the episodes of one :meth:`run` call.
     """
 
     def __init__(
@@ -123,7 +129,10 @@ class EnvWorker:
         seed: int = 0,
         policy_id: str = "default",
         mapping: MappingPreset | str | Callable[[str], str] = "all",
+        imports: Sequence[str] = (),
     ):
+        for module in imports:  # modules that register the env (a run's ``imports:``)
+            importlib.import_module(module)
         actors = dict(policy) if isinstance(policy, Mapping) else {policy_id: policy}
         tokenizers = _Tokenizers(tokenizer)
         self.engine: Engine = build_engine(
@@ -261,6 +270,7 @@ class DistributedRollout:
         seed: int = 0,
         policy_id: str = "default",
         mapping: MappingPreset | str | Callable[[str], str] = "all",
+        imports: Sequence[str] = (),
     ):
         if num_workers < 1 or group_size < 1 or redundancy < 0 or concurrency < 1:
             raise ValueError(
@@ -291,6 +301,7 @@ class DistributedRollout:
             seed=seed,
             policy_id=policy_id,
             mapping=mapping,
+            imports=list(imports),
         )
         self.stats = RolloutStats()
         """Counts over every trajectory delivered so far (placeholders included), as the engine keeps."""
@@ -324,19 +335,37 @@ class DistributedRollout:
         local engine numbers them."""
         return self._next_group
 
-    async def stream_episodes(
-        self, num_groups: int, buffer: TrajectoryBuffer | None = None
-    ) -> AsyncGenerator[list[Trajectory], None]:
-        """Play ``num_groups`` groups; yield each episode's trajectories as they arrive (and put
-        them in ``buffer``, closing each group there once all its episodes are in).
+    def group_id(self, group: int) -> str:
+        """The id of group number ``group``, as a local engine names it."""
+        return group_name(self.env_id, self.seed, group)
 
-        Exactly ``num_groups * (group_size + redundancy)`` episodes come out, whatever dies.
+    async def stream_episodes(
+        self,
+        num_groups: int | None = None,
+        buffer: TrajectoryBuffer | None = None,
+        *,
+        groups: Sequence[int] | None = None,
+    ) -> AsyncGenerator[list[Trajectory], None]:
+        """Play ``num_groups`` groups numbered on from the last call, or the group numbers
+        ``groups``; yield each episode's trajectories as they arrive (and put them in ``buffer``,
+        closing each group there once all its episodes are in).
+
+        Exactly ``(number of groups) * (group_size + redundancy)`` episodes come out, whatever dies.
         """
-        first = self._next_group
-        self._next_group += num_groups
+        if (num_groups is None) == (groups is None):
+            raise ValueError("pass exactly one of num_groups and groups.")
+        if groups is None:
+            assert num_groups is not None
+            numbers = list(range(self._next_group, self._next_group + num_groups))
+            self._next_group += num_groups
+        else:
+            numbers = sorted(groups)
+            if len(set(numbers)) != len(numbers):
+                raise ValueError(f"groups must be distinct group numbers, got {list(groups)}.")
+        num_groups = len(numbers)
         self._replace_dead()
         per_group = self.episodes_per_group
-        index = {group_name(self.env_id, self.seed, g): g for g in range(first, first + num_groups)}
+        index = {group_name(self.env_id, self.seed, g): g for g in numbers}
         arrived: Counter[int] = Counter()
         feed = GroupFeed(buffer, per_group)
         events: asyncio.Queue[tuple[_Unit, Any]] = asyncio.Queue()
@@ -349,9 +378,9 @@ class DistributedRollout:
             units.append(unit)
             pumps.append(asyncio.create_task(self._pump(unit, events)))
 
-        for worker, (start, count) in zip(self.workers, _split(first, num_groups, len(self.workers))):
-            if count:
-                launch(worker, start, count)
+        for worker, (start, count) in zip(self.workers, _split(0, num_groups, len(self.workers))):
+            for run in _runs(numbers[start : start + count]):  # consecutive numbers: one call each
+                launch(worker, *run)
         started = time.perf_counter()
         remaining = num_groups * per_group
         try:
@@ -368,7 +397,7 @@ class DistributedRollout:
                 else:
                     raise item
                 for episode in delivered:
-                    group = self._group_of(episode, index, first, num_groups)
+                    group = self._group_of(episode, index)
                     arrived[group] += 1
                     remaining -= 1
                     self._count(episode, self._seconds + time.perf_counter() - started)
@@ -383,13 +412,20 @@ class DistributedRollout:
                 pump.cancel()
             await asyncio.gather(*pumps, return_exceptions=True)
 
-    def stream(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> AsyncIterator[Trajectory]:
-        """Play ``num_groups`` groups; yield each trajectory as it arrives (and put it in ``buffer``).
+    def stream(
+        self,
+        num_groups: int | None = None,
+        buffer: TrajectoryBuffer | None = None,
+        *,
+        groups: Sequence[int] | None = None,
+    ) -> AsyncIterator[Trajectory]:
+        """Play ``num_groups`` groups (or the group numbers ``groups``); yield each trajectory as it
+        arrives (and put it in ``buffer``).
 
-        Exactly ``num_groups * (group_size + redundancy)`` episodes' trajectories come out, one per
-        agent of the roster each, whatever dies.
+        Exactly ``(number of groups) * (group_size + redundancy)`` episodes' trajectories come out,
+        one per agent of the roster each, whatever dies.
         """
-        return flatten(self.stream_episodes(num_groups, buffer))
+        return flatten(self.stream_episodes(num_groups, buffer, groups=groups))
 
     async def collect(self, num_groups: int, buffer: TrajectoryBuffer | None = None) -> list[Trajectory]:
         """Play ``num_groups`` groups and return all their trajectories in completion order."""
@@ -451,14 +487,14 @@ class DistributedRollout:
         except Exception as e:  # handed to the controller's loop, which decides what it means
             events.put_nowait((unit, e))
 
-    def _group_of(self, episode: list[Trajectory], index: dict[str, int], first: int, num_groups: int) -> int:
+    def _group_of(self, episode: list[Trajectory], index: dict[str, int]) -> int:
         """The group number of a delivered episode (its trajectories' group id, less ``/<agent_id>``)."""
         group_id = episode[0].group_id if episode else ""
         base = group_id if group_id in index or not self.multiagent else group_id.rsplit("/", 1)[0]
         if base not in index:
             raise RuntimeError(
                 f"A worker returned group {group_id!r}, which is not among the groups "
-                f"{first}..{first + num_groups - 1} it was given; the worker runs a different "
+                f"{min(index.values())}..{max(index.values())} it was given; the worker runs a different "
                 "agentrl version than the controller."
             )
         return index[base]
@@ -561,3 +597,28 @@ def distributed_rollout(
         trajectories = asyncio.run(rollout.collect(num_groups))
         workers = rollout.workers + rollout.retired
     return DistributedResult(trajectories, rollout.stats, workers)
+
+
+def cluster_rollout(
+    policy: Policies,
+    config: EngineConfig,
+    tokenizer: Tokenizers,
+    env_kwargs: Mapping[str, Any],
+    imports: Sequence[str] = (),
+) -> DistributedRollout:
+    """A :class:`DistributedRollout` with ``config``'s engine settings on the connected cluster: one
+    env worker per live node, sharing ``config.concurrency``, making envs with ``env_kwargs`` after
+    importing ``imports`` (``agentrl rollout`` and ``agentrl train`` with ``ray_address`` play this way)."""
+    num_workers = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
+    settings = engine_settings(config)
+    settings["concurrency"] = math.ceil(config.concurrency / num_workers)
+    del settings["env_url"]  # None: the config refuses env_url with ray_address (the workers make their envs)
+    return DistributedRollout(
+        policy,
+        config.env_id,
+        tokenizer,
+        num_workers=num_workers,
+        env_kwargs=dict(env_kwargs),
+        imports=imports,
+        **settings,
+    )

@@ -224,12 +224,16 @@ def test_kill_9_and_resume_loses_and_repeats_no_batch(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_training_with_the_engine_as_a_ray_actor(tiny_model_dir, tmp_path):
+def test_training_with_the_engine_as_a_ray_actor(tiny_model_dir, tmp_path, monkeypatch):
+    # The env workers import the module that registers the test env (imports:); Ray's processes
+    # inherit PYTHONPATH from this one.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
     config = _config(
         tiny_model_dir,
         tmp_path / "run",
         "rollout.backend=hf",
         "rollout.ray_address=local",
+        "imports=[learnable_env]",
         "steps=3",
         "eval_episodes=0",
         "export=false",
