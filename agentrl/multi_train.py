@@ -646,21 +646,28 @@ class MultiController:
         started = time.perf_counter()
         async with lane.lock:
             metrics = await asyncio.to_thread(lane.trainer.step, trajectories, lane.buffer.version)
+            lane.state.step += 1
+            lane.state.stage_step += 1
+            numbers = [self.numbers[group[0].group_id.rsplit("/", 1)[0]] for group in groups]
+            lane.state.trained_groups += numbers
+            lane.state.policy_version = lane.buffer.version + 1 + lane.version_offset  # what the sync makes it
+        record = {"policy": lane.policy_id, "step": lane.state.step, "groups": numbers}
+        append_json(Path(self.config.run_dir) / "batches.jsonl", record)
+        # The step is saved before its weights go to the engine, so a fault in the sync cannot cost it.
+        finishing = lane.state.stage_step >= self.stage.steps
+        every = self.config.checkpoint_every
+        if every and lane.state.step % every == 0 and any(other is not lane or not finishing for other in self.active):
+            await self.acheckpoint()
+        async with lane.lock:
             synced = time.perf_counter()
             version = await lane.policy.aupdate_weights(lane.weights())
             metrics["perf/time_sync"] = time.perf_counter() - synced
             lane.buffer.set_version(version)
             lane.window.trained(len(groups))
             lane.count_dropped(self.numbers)
-            lane.state.step += 1
-            lane.state.stage_step += 1
-            numbers = [self.numbers[group[0].group_id.rsplit("/", 1)[0]] for group in groups]
-            lane.state.trained_groups += numbers
             lane.state.policy_version = version + lane.version_offset
-        if lane.state.stage_step >= self.stage.steps and lane in self.active:
+        if finishing and lane in self.active:
             self.active.remove(lane)
-        record = {"policy": lane.policy_id, "step": lane.state.step, "groups": numbers}
-        append_json(Path(self.config.run_dir) / "batches.jsonl", record)
         metrics.update(_batch_metrics(trajectories, version, lane.version_offset))
         failed = self.engine.failed_episodes + self.hook_failures
         metrics["rollout/failed"], lane.failed_seen = float(failed - lane.failed_seen), failed
@@ -670,9 +677,6 @@ class MultiController:
         self.metrics.log(lane.state.step, {policy_metric(name, lane.policy_id): v for name, v in metrics.items()})
         self._write_samples(lane, groups)
         self.progress.on_advance(metrics)
-        every = self.config.checkpoint_every
-        if every and lane.state.step % every == 0 and self.active:
-            await self.acheckpoint()
         if self.config.eval_every and lane.state.step % self.config.eval_every == 0 and self.active:
             await self._evaluate()
         async with self.changed:

@@ -188,6 +188,39 @@ def test_a_resumed_run_trains_no_group_twice_for_any_policy(tiny_model_dir, tmp_
         assert versions == sorted(versions) and len(set(versions)) == 4, versions
 
 
+def test_a_fault_in_a_policys_weight_sync_after_a_checkpointed_step_does_not_cost_the_step(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    from agentrl.policies.hf import HFPolicy
+
+    run_dir = tmp_path / "run"
+    common = ("max_staleness=0", "checkpoint_every=2", "resume=true")
+    real_update, calls = HFPolicy.aupdate_weights, {}
+
+    async def dies_at_the_second_update(self, named_tensors):
+        calls[id(self)] = calls.get(id(self), 0) + 1
+        if calls[id(self)] == 2:  # the first policy to finish its step 2, which checkpoint_every=2 saves
+            raise RuntimeError("the engine died during the weight sync")
+        return await real_update(self, named_tensors)
+
+    monkeypatch.setattr(HFPolicy, "aupdate_weights", dies_at_the_second_update)
+    with pytest.raises(RuntimeError, match="during the weight sync"):
+        train(_config(tiny_model_dir, run_dir, "steps=3", *common, policies=FULL))
+    state = json.loads(sorted((run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    saved = {policy: lane["step"] for policy, lane in state["lanes"].items()}
+    assert 2 in saved.values(), saved  # the step whose sync failed is in the checkpoint
+
+    monkeypatch.setattr(HFPolicy, "aupdate_weights", real_update)
+    result = train(_config(tiny_model_dir, run_dir, "steps=3", *common, policies=FULL))
+    assert result.steps == 6
+    for policy in POLICIES:
+        by_step = {b["step"]: b["groups"] for b in _batches(run_dir) if b["policy"] == policy}
+        trained = [g for step in sorted(by_step) for g in by_step[step]]
+        assert sorted(by_step) == [1, 2, 3] and len(trained) == len(set(trained)) == 6, by_step
+        if saved[policy] == 2:  # not re-done after the resume
+            assert [b["step"] for b in _batches(run_dir) if b["policy"] == policy] == [1, 2, 3]
+
+
 def test_reward_and_samples_hooks_shape_what_each_policy_trains_on(tiny_model_dir, tmp_path):
     config = _config(
         tiny_model_dir,
