@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import importlib
 import json
 import logging
@@ -48,6 +49,7 @@ from agentrl.mapping import PRESETS, policy_mapping
 from agentrl.metrics import MetricsLogger, policy_metric
 from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy, make_policy
+from agentrl.policies.supervisor import EngineSupervisor
 from agentrl.registry import make_multiagent
 from agentrl.rollout import MultiAgentRolloutEngine, RolloutStats, StalenessWindow, TrajectoryBuffer
 from agentrl.rollout.staleness import required_groups, take_required
@@ -343,11 +345,12 @@ class _Engines:
                     options.update(max_loras=max(len(lora), 1), max_lora_rank=vllm_lora_rank(max(ranks)))
                 self.host = make_policy(config.rollout.backend, self.base_path, options)
             for policy_id, policy in policies.items():
-                if policy.weights == "full":
+                if policy.weights == "full":  # its own engine, replaced when it dies (EngineSupervisor)
                     rollout = replace(config.rollout, model=policy.model or config.rollout.model)
-                    self.own[policy_id] = make_policy(
-                        rollout.backend, resolve_model(rollout.model), policy_options(rollout)
+                    start = functools.partial(
+                        make_policy, rollout.backend, resolve_model(rollout.model), policy_options(rollout)
                     )
+                    self.own[policy_id] = EngineSupervisor(start, max_restarts=config.max_engine_restarts)
         except BaseException:
             self.close()
             raise
@@ -669,6 +672,8 @@ class MultiController:
         if finishing and lane in self.active:
             self.active.remove(lane)
         metrics.update(_batch_metrics(trajectories, version, lane.version_offset))
+        if isinstance(lane.policy, EngineSupervisor):
+            metrics.update(lane.policy.metrics())
         failed = self.engine.failed_episodes + self.hook_failures
         metrics["rollout/failed"], lane.failed_seen = float(failed - lane.failed_seen), failed
         metrics["rollout/episodes"] = float(len(trajectories)) + metrics["rollout/failed"]

@@ -152,7 +152,7 @@ class TrainConfig:
     resume: bool = True
     """Continue from the newest checkpoint in run_dir when there is one."""
     max_engine_restarts: int = 3
-    """Times a dead inference engine (vLLM's engine core, a Ray policy actor) is replaced by a new one with the last weights in one run of the command; one more death ends the run (0: the first does). Single-policy runs."""
+    """Times a dead inference engine (vLLM's engine core, a Ray policy actor) is replaced by a new one with the last weights in one run of the command; one more death ends the run (0: the first does). Per engine: a single-policy run's, and each ``weights: full`` policy's of a multi-policy run (its shared LoRA engine is not replaced yet)."""
     export: bool = True
     """Save the trained model as a transformers checkpoint in run_dir/model at the end."""
     tensorboard: bool = False

@@ -88,25 +88,36 @@ def tiny_train_command(model_dir, run_dir, *overrides: str) -> list[str]:
             "export=false", f"run_dir={run_dir}", *overrides]  # fmt: skip
 
 
-def run_and_kill(command: list[str], run_dir: Path, victim: str, after_step: int = 2) -> tuple[int, str, str]:
-    """Run ``command``; once step ``after_step``'s checkpoint is written, SIGKILL its descendant
-    processes whose command line contains ``victim``; return its exit code, stdout and stderr."""
+def run_and_kill(
+    command: list[str], run_dir: Path, victim: str, after_step: int = 2, first_only: bool = False
+) -> tuple[int, str, str]:
+    """Run ``command``; once ``after_step`` steps are recorded in ``batches.jsonl`` and the newest
+    step's checkpoint is written, SIGKILL its descendant processes whose command line contains
+    ``victim`` (the first found, with ``first_only``); return its exit code, stdout and stderr."""
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
     try:
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not (run_dir / "checkpoints" / f"step-{after_step:06d}").exists():
+        while time.monotonic() < deadline and not _steps_saved(run_dir, after_step):
             assert process.poll() is None, process.stderr.read()[-3000:] if process.stderr else ""
             time.sleep(0.2)
         victims = [p for p in psutil.Process(process.pid).children(recursive=True) if victim in " ".join(p.cmdline())]
         assert victims, f"no process {victim!r} found under the run"
-        for found in victims:
+        for found in victims[:1] if first_only else victims:
             os.kill(found.pid, signal.SIGKILL)
         out, err = process.communicate(timeout=600)
     finally:
         if process.poll() is None:
             process.kill()
     return process.returncode, out, err
+
+
+def _steps_saved(run_dir: Path, steps: int) -> bool:
+    """Whether ``steps`` steps (of any policy) are recorded and a checkpoint of at least that many exists."""
+    batches = run_dir / "batches.jsonl"
+    recorded = len(batches.read_text().splitlines()) if batches.exists() else 0
+    saved = [int(c.name.split("-")[1]) for c in (run_dir / "checkpoints").glob("step-*")] if recorded else []
+    return recorded >= steps and max(saved, default=0) >= steps
 
 
 def assert_recovered(run_dir: Path, steps: int, err: str) -> None:
@@ -157,6 +168,34 @@ def test_a_killed_ray_env_worker_is_replaced_and_agentrl_train_finishes(tiny_mod
     assert all(m["fault/engine_restarts"] == 0.0 for m in steps_logged)
     groups = [g for line in (run_dir / "batches.jsonl").read_text().splitlines() for g in json.loads(line)["groups"]]
     assert len(groups) == len(set(groups)) == 8, groups
+
+
+@pytest.mark.slow
+def test_a_killed_engine_of_one_policy_is_replaced_and_a_multi_policy_run_finishes(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    policies = json.dumps({p: {"weights": "full"} for p in ("sayer_a", "sayer_b")})
+    command = [sys.executable, "-m", "agentrl.cli", "train", "imports=[multi_env]", "rollout.env_id=tests/SayLetters-v0",
+               f"rollout.model={tiny_model_dir}", "rollout.backend=vllm", "rollout.group_size=4", "rollout.max_tokens=8",
+               "rollout.max_length=256", "rollout.max_turns=2", "mapping=individual", f"policies={policies}",
+               "groups_per_step=2", "steps=6", "max_staleness=0", "eval_episodes=0", "checkpoint_every=1",
+               "export=false", "torch_threads=1", f"run_dir={run_dir}"]  # fmt: skip
+    tests = str(Path(__file__).parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")])
+    try:
+        code, out, err = run_and_kill(command, run_dir, "EngineCore", after_step=2, first_only=True)
+    finally:
+        os.environ["PYTHONPATH"] = os.environ["PYTHONPATH"].split(os.pathsep, 1)[1]
+    assert code == 0, err[-3000:]
+    metrics = read_metrics(run_dir)
+    restarts = {p: max(m.get(f"fault/{p}/engine_restarts", 0.0) for m in metrics) for p in ("sayer_a", "sayer_b")}
+    assert sorted(restarts.values()) == [0.0, 1.0], restarts  # one engine died, one new engine
+    for policy in ("sayer_a", "sayer_b"):
+        steps = [m for m in metrics if f"train/{policy}/loss" in m]
+        assert [int(m["step"]) for m in steps] == [1, 2, 3, 4, 5, 6], err[-3000:]
+        assert all(m[f"train/{policy}/staleness_max"] == 0.0 for m in steps)
+        groups = [g for line in (run_dir / "batches.jsonl").read_text().splitlines()
+                  for g in json.loads(line)["groups"] if json.loads(line)["policy"] == policy]  # fmt: skip
+        assert len(groups) == len(set(groups)) == 12, groups
 
 
 @pytest.mark.slow
