@@ -5,7 +5,13 @@ See ``docs/sandboxes.md``; what each backend protects against is written at the 
 """
 
 from agentrl.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits
-from agentrl.sandboxes.docker import DEFAULT_IMAGE, DockerSandbox, docker_available, remove_leaked_containers
+from agentrl.sandboxes.docker import (
+    DEFAULT_IMAGE,
+    DockerSandbox,
+    DockerUnavailable,
+    docker_available,
+    remove_leaked_containers,
+)
 from agentrl.sandboxes.local import LocalSandbox, bubblewrap_available
 from agentrl.sandboxes.make import SandboxSpec, make_sandbox
 from agentrl.sandboxes.pool import PoolStats, SandboxPool
@@ -14,6 +20,7 @@ from agentrl.sandboxes.shared import Lease, close_pools, shared_pool
 __all__ = [
     "DEFAULT_IMAGE",
     "DockerSandbox",
+    "DockerUnavailable",
     "ExecResult",
     "Lease",
     "LocalSandbox",

@@ -16,7 +16,11 @@ What it protects against:
 - leaks: every container carries the label ``agentrl.sandbox=1`` and its owner's host, pid and pid
   start time; :func:`remove_leaked_containers` (run when the first DockerSandbox of a process starts,
   and by ``agentrl sandbox cleanup``) removes those whose owner is gone; an ``atexit`` hook and
-  ``__del__`` remove the ones of a process that exits normally.
+  ``__del__`` remove the ones of a process that exits normally;
+- a dead engine: a call that finds the engine unreachable raises :class:`DockerUnavailable`, which
+  says how to bring it back; containers that could not be removed meanwhile are removed once it
+  answers again, and sandboxes made before it went away start in fresh containers (never in one of
+  the dead engine's).
 
 What it does NOT protect against:
 
@@ -65,6 +69,40 @@ _client: Any = None
 _client_lock = threading.Lock()
 _cleaned = threading.Event()
 _live: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
+_engine_losses = 0
+"""How many times a call found the engine unreachable; a sandbox made before the last time gets a
+fresh container when it next starts, since its own may be a dead engine's."""
+_unremoved: set[str] = set()
+"""Ids of containers whose removal failed because the engine did not answer; removed once it does."""
+
+
+class DockerUnavailable(SandboxError):
+    """The Docker Engine does not answer (not running, its socket gone, or hung): no sandbox of it can
+    run until it is back. Its message says where the engine was expected and how to start it."""
+
+
+def engine_address() -> str:
+    """Where the docker SDK looks for the engine: ``DOCKER_HOST``, else the default socket."""
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the engine could not be reached at all (rather than refusing a request)."""
+    import requests
+
+    return isinstance(exc, (requests.exceptions.ConnectionError, requests.exceptions.Timeout))
+
+
+def engine_lost(exc: BaseException) -> DockerUnavailable:
+    """The error for a call that could not reach the engine; sandboxes made until now are marked
+    stale (each gets a fresh container when it next starts)."""
+    global _engine_losses
+    _engine_losses += 1
+    return DockerUnavailable(
+        f"the Docker Engine at {engine_address()} does not answer ({exc}); start it (dockerd; CI: "
+        "scripts/install.sh starts `dockerd --bridge=none --iptables=false`) and the run's next episodes "
+        "will use it"
+    )
 
 
 def engine_errors() -> tuple[type[Exception], ...]:
@@ -88,27 +126,31 @@ def docker_client() -> Any:
                 client = docker.from_env(timeout=120, max_pool_size=64)
                 client.ping()
             except Exception as exc:
-                raise SandboxError(
-                    f"the Docker Engine does not answer ({exc}); start it (CI: scripts/install.sh starts "
-                    "`dockerd --bridge=none --iptables=false`) or use the local backend: make_sandbox('local')"
+                raise DockerUnavailable(
+                    f"the Docker Engine at {engine_address()} does not answer ({exc}); start it (CI: "
+                    "scripts/install.sh starts `dockerd --bridge=none --iptables=false`) or use the local "
+                    "backend: make_sandbox('local')"
                 ) from exc
             _client = client
         return _client
 
 
 def docker_available(image: str | None = None) -> bool:
-    """True when the Docker Engine answers (and, given ``image``, that image is present)."""
+    """True when the Docker Engine answers now (and, given ``image``, that image is present)."""
     try:
         client = docker_client()
     except SandboxError:
         return False
-    if image is None:
-        return True
     import docker
 
     try:
-        client.images.get(image)
+        if image is None:
+            client.ping()
+        else:
+            client.images.get(image)
     except docker.errors.ImageNotFound:
+        return False
+    except engine_errors():  # the engine went away since the client was made
         return False
     return True
 
@@ -155,6 +197,23 @@ def remove_leaked_containers(client: Any = None) -> list[str]:
             continue
         removed.append(container.name)
     return removed
+
+
+def remove_unremoved(client: Any) -> None:
+    """Remove the containers that could not be removed while the engine did not answer."""
+    import docker
+
+    while _unremoved:
+        container_id = _unremoved.pop()
+        try:
+            client.api.remove_container(container_id, force=True)
+        except docker.errors.NotFound:
+            pass  # gone already: what was wanted
+        except engine_errors() as exc:
+            if unreachable(exc):
+                _unremoved.add(container_id)  # away again: the next start tries once more
+                return
+            logger.info("sandbox container %s not removed: %s", container_id[:12], exc)
 
 
 def _close_all_at_exit() -> None:
@@ -255,6 +314,7 @@ class DockerSandbox(ServerSandbox):
             _cleaned.set()
             remove_leaked_containers(self._client)
         self.container: Any = None
+        self._losses_seen = _engine_losses  # the engine losses known when the container was made
         self._create()
         _live.add(self)
         self._first_boot()
@@ -262,6 +322,7 @@ class DockerSandbox(ServerSandbox):
     def _create(self) -> None:
         import docker
 
+        self._losses_seen = _engine_losses
         limits = self.limits
         # Docker's tmpfs defaults to noexec, and a mount point the image lacks is root's: a work
         # dir must run the agent's scripts and belong to the sandbox user.
@@ -302,10 +363,19 @@ class DockerSandbox(ServerSandbox):
             ) from exc
         except docker.errors.APIError as exc:
             raise SandboxError(f"the Docker Engine refused to create a sandbox container: {exc}") from exc
+        except engine_errors() as exc:
+            if unreachable(exc):
+                raise engine_lost(exc) from exc
+            raise SandboxError(f"the Docker Engine failed to create a sandbox container: {exc}") from exc
+        remove_unremoved(self._client)  # the engine answers: clear what an outage left behind
 
     def _start_server(self) -> Transport:
         import docker
 
+        if self.container is not None and self._losses_seen != _engine_losses:
+            # The engine was unreachable since this container was made: it may be a dead engine's,
+            # stopped or gone with it. Start afresh rather than revive it.
+            self._remove_container()
         try:
             if self.container is None:
                 self._create()
@@ -321,6 +391,10 @@ class DockerSandbox(ServerSandbox):
                 f"cannot start the sandbox container {self._name()} of image {self.image!r}: {exc}; "
                 "a sandbox image needs python3 (3.8 or newer) on its PATH and /bin/sh"
             ) from exc
+        except engine_errors() as exc:
+            if unreachable(exc):
+                raise engine_lost(exc) from exc
+            raise SandboxError(f"cannot start the sandbox container {self._name()}: {exc}") from exc
         return AttachTransport(sock)
 
     def _stop_server(self) -> None:
@@ -354,6 +428,10 @@ class DockerSandbox(ServerSandbox):
 
     def _release(self) -> None:
         _live.discard(self)
+        self._remove_container()
+
+    def _remove_container(self) -> None:
+        """Remove the container, if any (best effort: see the log), and forget it."""
         if self.container is None:
             return
         import docker
@@ -363,12 +441,12 @@ class DockerSandbox(ServerSandbox):
         except docker.errors.NotFound:
             pass  # already gone, which is what close() wants
         except engine_errors() as exc:
-            logger.warning(
-                "sandbox container %s could not be removed (%s); `agentrl sandbox cleanup` "
-                "removes it once this process has exited",
-                self._name(),
-                exc,
-            )
+            if unreachable(exc):
+                _unremoved.add(self.container.id)
+                later = "the next sandbox started once the engine answers again removes it"
+            else:
+                later = "`agentrl sandbox cleanup` removes it once this process has exited"
+            logger.warning("sandbox container %s could not be removed (%s); %s", self._name(), exc, later)
         self.container = None
 
     def _name(self) -> str:

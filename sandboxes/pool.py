@@ -366,7 +366,9 @@ class SandboxPool:
                 self._serve_waiters()  # the slot is free: the next waiter tries, and learns why if it fails
                 self._lock.notify_all()
             if isinstance(exc, Exception):
-                raise SandboxError(f"The {self.name} pool could not start a sandbox: {exc}") from exc
+                # A SandboxError keeps its class (DockerUnavailable: the engine is away), with the pool's name.
+                kind = type(exc) if isinstance(exc, SandboxError) else SandboxError
+                raise kind(f"The {self.name} pool could not start a sandbox: {exc}") from exc
             raise
         with self._lock:
             self.stats.created += 1

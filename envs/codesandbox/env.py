@@ -19,6 +19,10 @@ Rules of an episode:
 - Replies run out after ``max_turns`` (default 8): the episode is truncated with reward 0 and no
   grading. The reply before the last is warned.
 - Reward 1.0 if every hidden test passes, else 0.0.
+- A sandbox that fails (its Docker Engine gone, its server dead and not restartable: a
+  :class:`~agentrl.sandboxes.SandboxError`, e.g. :class:`~agentrl.sandboxes.DockerUnavailable`), the
+  agent's or the grader's, fails the episode with that error: no reward can be given, and the agent
+  is never shown a failure that is not its own.
 
 Grading happens where the agent cannot reach it. The env reads the *text* of ``solution.py`` from
 the agent's sandbox and nothing else; a separate grader sandbox from another pool, reset before it
@@ -52,7 +56,7 @@ from agentrl.envs.codesandbox.grading import SOLUTION_FILE, Grade, grade_source
 from agentrl.envs.codesandbox.problem import DIFFICULTIES, Difficulty, Problem
 from agentrl.envs.codesandbox.problems import get_problem, problems_of
 from agentrl.registry import register
-from agentrl.sandboxes.base import ExecResult, Sandbox, SandboxLimits
+from agentrl.sandboxes.base import ExecResult, Sandbox, SandboxError, SandboxLimits
 from agentrl.sandboxes.make import BACKENDS, Backend, SandboxSpec
 from agentrl.sandboxes.shared import Lease, shared_pool
 from agentrl.suggest import did_you_mean
@@ -122,7 +126,8 @@ class CodeSandboxEnv(AgentEnv):
         """The problem of the current episode."""
         self.grade: Grade | None = None
         """The current episode's grade, once graded."""
-        self._grading_error: BaseException | None = None
+        self._sandbox_error: BaseException | None = None
+        """What broke a sandbox (the agent's, or the grader's) this episode; it fails the episode."""
 
     # --- the tools: methods, so they reach this env's own sandbox --------------------------------
 
@@ -166,7 +171,7 @@ class CodeSandboxEnv(AgentEnv):
             try:
                 self.grade = self._grade_solution()
             except BaseException as e:
-                self._grading_error = e
+                self._sandbox_error = e
                 raise
         return _verdict(self.grade)
 
@@ -181,7 +186,7 @@ class CodeSandboxEnv(AgentEnv):
             self.problem = get_problem(str(name), self.problems)
         else:
             self.problem = self.problems[int(self.np_random.integers(len(self.problems)))]
-        self.grade, self._grading_error = None, None
+        self.grade, self._sandbox_error = None, None
         self._agent.renew()
         return [Message("system", self._rules()), Message("user", self.problem.prompt())]
 
@@ -189,9 +194,9 @@ class CodeSandboxEnv(AgentEnv):
         """Answer the calls; end the episode with the grade if one of them was ``submit``."""
         feedback = super().answer_tools(reply, results)
         info = {**feedback.info, "problem": self.problem.name}
-        if self._grading_error is not None:
-            # The grader failed, not the agent: no reward can be given, so the episode fails loudly.
-            raise self._grading_error
+        if self._sandbox_error is not None:
+            # A sandbox failed, not the agent: no reward can be given, so the episode fails loudly.
+            raise self._sandbox_error
         if self.grade is not None:
             return Feedback(feedback.messages, float(self.grade.success), True, {**info, **self._grade_info("submit")})
         messages = list(feedback.messages)
@@ -252,6 +257,12 @@ class CodeSandboxEnv(AgentEnv):
         except asyncio.CancelledError:
             # The call may still run on its thread: the sandbox must not go to another episode.
             self._agent.taint()
+            raise
+        except SandboxError as e:
+            # The sandbox itself failed (e.g. DockerUnavailable): answer_tools fails the episode, and
+            # the sandbox is closed, not lent again.
+            self._agent.taint()
+            self._sandbox_error = e
             raise
 
     def _grade_solution(self) -> Grade:
