@@ -170,27 +170,24 @@ class EngineSupervisor:
                 self._weights = weights
             return self._version
 
+    def _current(self) -> tuple[Policy, int] | concurrent.futures.Future[None]:
+        """The engine serving now and its version offset, or the restart under way to wait for."""
+        with self._lock:
+            if self.failure is not None:
+                raise self.failure
+            return self._restarting or (self.policy, self._offset)
+
     async def _serving(self) -> tuple[Policy, int]:
         """The engine serving now and its version offset, once no new engine is being started."""
-        while True:
-            with self._lock:
-                if self.failure is not None:
-                    raise self.failure
-                restarting = self._restarting
-                if restarting is None:
-                    return self.policy, self._offset
-            await asyncio.wrap_future(restarting)
+        while isinstance(current := self._current(), concurrent.futures.Future):
+            await asyncio.wrap_future(current)
+        return current
 
     def _serving_now(self) -> Policy:
-        """:meth:`_serving`, blocking."""
-        while True:
-            with self._lock:
-                if self.failure is not None:
-                    raise self.failure
-                restarting = self._restarting
-                if restarting is None:
-                    return self.policy
-            restarting.result()
+        """:meth:`_serving`'s engine, blocking."""
+        while isinstance(current := self._current(), concurrent.futures.Future):
+            current.result()
+        return current[0]
 
     def _watch(self, every: float) -> None:
         """Every ``every`` seconds, ping the engine (a backend with a ``ping`` method) and replace it if
