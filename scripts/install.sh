@@ -39,7 +39,8 @@ python -m pip --version
 #   bubblewrap    the local sandbox backend
 #   debootstrap   builds the sandbox image offline (no image can be pulled here)
 #   chromium, chromium-driver   the headless browser the dashboard's tests drive (selenium)
-SYSTEM_PACKAGES=(docker.io bubblewrap debootstrap chromium chromium-driver)
+#   procps        pgrep: this script and the Docker-engine-death test find dockerd with it
+SYSTEM_PACKAGES=(docker.io bubblewrap debootstrap chromium chromium-driver procps)
 
 section "system packages"
 missing=()
