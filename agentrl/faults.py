@@ -16,7 +16,6 @@ import contextlib
 import datetime
 import json
 import os
-import re
 import tempfile
 import traceback
 from collections.abc import Iterator, Sequence
@@ -53,6 +52,8 @@ def error_chain(error: BaseException) -> Iterator[BaseException]:
 
 def what_died(error: BaseException) -> str:
     """The part whose failure ``error`` reports, in words, with the error's type and first line."""
+    if isinstance(error, RunFailed):  # written for a person already
+        return str(error)
     kinds = [f"{type(e).__module__}.{type(e).__name__}" for e in error_chain(error)]
     if any(kind.startswith("vllm.") for kind in kinds):
         part = "the inference engine (vLLM) died"
@@ -66,8 +67,6 @@ def what_died(error: BaseException) -> str:
         part = "the process ran out of memory"
     else:
         part = "the run failed"
-    if isinstance(error, RunFailed):  # written for a person already
-        return str(error)
     first_line = (str(error).strip().splitlines() or [""])[0]
     return f"{part} ({type(error).__name__}{': ' + first_line if first_line else ''})"
 
@@ -75,14 +74,13 @@ def what_died(error: BaseException) -> str:
 def failure_message(error: BaseException, run_dir: str | Path, resume_command: str) -> str:
     """One paragraph for the person who started the run: what died, the last step finished and the
     last one saved, where the traceback is, and the command that resumes from the checkpoint."""
-    from agentrl.trainers.checkpoint import list_checkpoints  # torch: not for `agentrl --help`
+    from agentrl.trainers.checkpoint import checkpoint_step, list_checkpoints  # torch: not for `agentrl --help`
 
     run_dir = Path(run_dir)
     steps = [int(m["step"]) for m in _metrics(run_dir) if any(name.startswith("train/") for name in m)]
     checkpoints = list_checkpoints(run_dir) if run_dir.exists() else []
     # A step is checkpointed before its metrics are logged: a fault in between leaves only the checkpoint.
-    saved_steps = [int(match.group(1)) for c in checkpoints if (match := re.search(r"(\d+)$", Path(c).name))]
-    done = max(steps + saved_steps, default=0)
+    done = max(steps + [checkpoint_step(c) for c in checkpoints], default=0)
     saved = (
         f"the last checkpoint is {checkpoints[-1]}, which a rerun resumes from: {resume_command}"
         if checkpoints

@@ -17,6 +17,7 @@ import pytest
 
 from agentrl.faults import RUN_LOG, failure_message, resume_command, what_died, write_traceback
 from agentrl.metrics import read_metrics
+from agentrl.trainers.checkpoint import checkpoint_step, list_checkpoints
 
 
 def _error_from(module: str, name: str, message: str) -> Exception:
@@ -117,7 +118,7 @@ def _steps_saved(run_dir: Path, steps: int) -> bool:
     """Whether ``steps`` steps (of any policy) are recorded and a checkpoint of at least that many exists."""
     batches = run_dir / "batches.jsonl"
     recorded = len(batches.read_text().splitlines()) if batches.exists() else 0
-    saved = [int(c.name.split("-")[1]) for c in (run_dir / "checkpoints").glob("step-*")] if recorded else []
+    saved = [checkpoint_step(c) for c in list_checkpoints(run_dir)] if recorded else []
     return recorded >= steps and max(saved, default=0) >= steps
 
 

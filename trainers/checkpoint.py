@@ -60,6 +60,11 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
 
 
+def checkpoint_step(path: str | Path) -> int:
+    """The step a checkpoint folder of :func:`list_checkpoints` was saved at."""
+    return int(Path(path).name.removeprefix(_PREFIX))
+
+
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any], list[Trajectory]]:
     """``(trainer_state, controller_state, buffered trajectories)`` from a checkpoint folder."""
     path = Path(path)

@@ -81,7 +81,7 @@ from agentrl.policies.ray_actor import RemotePolicy, WorkerLocation, current_loc
 from agentrl.registry import is_multiagent
 from agentrl.rollout.buffer import TrajectoryBuffer
 from agentrl.rollout.episode import EpisodeLimits
-from agentrl.rollout.scheduler import GroupFeed, flatten, group_name
+from agentrl.rollout.scheduler import GroupFeed, flatten, group_name, group_numbers
 from agentrl.rollout.stats import RolloutStats, add_episode
 from agentrl.types import Trajectory
 
@@ -352,16 +352,9 @@ class DistributedRollout:
 
         Exactly ``(number of groups) * (group_size + redundancy)`` episodes come out, whatever dies.
         """
-        if (num_groups is None) == (groups is None):
-            raise ValueError("pass exactly one of num_groups and groups.")
+        numbers = sorted(group_numbers(self._next_group, num_groups, groups))
         if groups is None:
-            assert num_groups is not None
-            numbers = list(range(self._next_group, self._next_group + num_groups))
-            self._next_group += num_groups
-        else:
-            numbers = sorted(groups)
-            if len(set(numbers)) != len(numbers):
-                raise ValueError(f"groups must be distinct group numbers, got {list(groups)}.")
+            self._next_group += len(numbers)
         num_groups = len(numbers)
         self._replace_dead()
         per_group = self.episodes_per_group

@@ -58,6 +58,21 @@ def group_env_seed(seed: int, group: int) -> int:
     return seed * 1_000_003 + group
 
 
+def group_numbers(next_group: int, num_groups: int | None, groups: Iterable[int] | None) -> list[int]:
+    """The group numbers one call plays: ``groups`` (distinct numbers), or ``num_groups`` numbers
+    from ``next_group`` on; exactly one of the two is given."""
+    if (num_groups is None) == (groups is None):
+        raise ValueError("pass exactly one of num_groups and groups.")
+    if groups is None:
+        assert num_groups is not None
+        return list(range(next_group, next_group + num_groups))
+    numbers = list(groups)
+    if len(set(numbers)) != len(numbers):
+        repeated = sorted(g for g, n in Counter(numbers).items() if n > 1)
+        raise ValueError(f"groups must be distinct group numbers; {repeated} appear more than once.")
+    return numbers
+
+
 def sample_sampling(sampling: Sampling, env_seed: int, sample: int) -> Sampling:
     """The sampling settings of sample ``sample`` of a group: its own sampler seed, if seeded."""
     if sampling.seed is None:
@@ -257,19 +272,11 @@ class GroupScheduler(Generic[EnvT]):
         self._idle_envs.clear()
 
     def _numbers(self, num_groups: int | None, first_group: int | None, groups: Iterable[int] | None) -> list[int]:
-        if (num_groups is None) == (groups is None):
-            raise ValueError("pass exactly one of num_groups and groups.")
-        if groups is not None:
-            numbers = list(groups)
-            if len(set(numbers)) != len(numbers):
-                repeated = sorted(g for g, n in Counter(numbers).items() if n > 1)
-                raise ValueError(f"groups must be distinct group numbers; {repeated} appear more than once.")
-            return numbers
-        assert num_groups is not None
-        if first_group is not None:
+        if groups is None and first_group is not None:
             self._next_group = first_group
-        numbers = list(range(self._next_group, self._next_group + num_groups))
-        self._next_group += num_groups
+        numbers = group_numbers(self._next_group, num_groups, groups)
+        if groups is None:
+            self._next_group += len(numbers)
         return numbers
 
     async def _play_one(self, task: EpisodeTask) -> list[Trajectory]:
