@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agentrl.faults import EngineLost, RunFailed
-from agentrl.policies import Generation, Sampling
+from agentrl.policies import EngineClosed, Generation, Sampling
 from agentrl.policies.supervisor import EngineSupervisor, engine_died
 from agentrl.rollout import EpisodeLimits, run_episode
 from agentrl.testing import ScriptedPolicy
@@ -155,6 +155,35 @@ def test_an_update_that_meets_a_dead_engine_goes_to_the_new_one():
     new = factory.engines[1]
     assert torch.equal(new.loaded["w"], torch.ones(1)) and new.version == 2  # the old weights first, then these
     assert asyncio.run(policy.generate([1], SAMPLING)).version == 2
+
+
+def test_an_update_running_when_the_dead_engine_is_closed_goes_to_the_new_one():
+    # vLLM: the engine core dies during a weight push, a request notices first, and the restart closes
+    # the dead engine, which cancels the push; the push must be retried, not end the run.
+    class Pushing(FakeEngine):
+        async def aupdate_weights(self, named_tensors):
+            pushing.set()
+            while not self.closed:
+                await asyncio.sleep(0.005)
+            raise EngineClosed("the vLLM engine was shut down while this call ran on it")
+
+    pushing = threading.Event()
+    engines: list[FakeEngine] = []
+    policy = EngineSupervisor(
+        lambda: engines.append((Pushing if not engines else FakeEngine)(len(engines))) or engines[-1], max_restarts=1
+    )
+
+    async def scenario():
+        update = asyncio.create_task(policy.aupdate_weights([("w", torch.ones(1))]))
+        await asyncio.to_thread(pushing.wait, 5)
+        engines[0].dead = True
+        with pytest.raises(EngineDeadError):
+            await policy.generate([1], SAMPLING)
+        return await update
+
+    assert asyncio.run(scenario()) == 1
+    assert engines[0].closed and torch.equal(engines[1].loaded["w"], torch.ones(1)) and policy.restarts == 1
+    assert engine_died(EngineClosed("closed"))
 
 
 def test_one_death_more_than_allowed_ends_the_run_with_engine_lost():

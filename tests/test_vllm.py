@@ -9,7 +9,7 @@ import torch
 
 import agentrl
 from agentrl.agents import ChatAgent
-from agentrl.policies import Policy, Sampling
+from agentrl.policies import EngineClosed, Policy, Sampling
 from agentrl.policies.vllm import VLLMPolicy
 from agentrl.rollout import EpisodeLimits, RolloutEngine
 from agentrl.testing import max_logprob_gap, reference_model
@@ -76,6 +76,26 @@ def test_a_cancelled_request_is_aborted_and_the_engine_serves_on(vllm_policy):
 
     generation = asyncio.run(run())
     assert 1 <= len(generation.token_ids) <= 4
+
+
+def test_calls_running_when_the_engine_is_closed_raise_engine_closed_not_a_cancellation(tiny_model_dir):
+    # A supervisor closes a dead engine while an update or a request still runs on it; a bare
+    # CancelledError would pass for the caller's own cancellation and end the run.
+    policy = VLLMPolicy(tiny_model_dir, max_model_len=1024, seed=0)
+    prompt = policy.tokenizer.encode("Count to a thousand:")
+
+    async def run():
+        running = asyncio.ensure_future(policy.generate(prompt, Sampling(max_tokens=900, stop_token_ids=())))
+        await asyncio.sleep(0.3)
+        assert not running.done()
+        await asyncio.to_thread(policy.close)
+        with pytest.raises(EngineClosed, match="shut down while this call ran"):
+            await running
+
+    try:
+        asyncio.run(run())
+    finally:
+        policy.close()
 
 
 def test_a_weight_update_while_requests_run_leaves_no_stale_prefix_cache(vllm_policy, tiny_model_dir):

@@ -8,8 +8,8 @@ adapters of one shared engine are :class:`AdapterPolicy` (:mod:`.lora`). Each ba
 engine only when used.
 """
 
-from agentrl.policies.base import FinishReason, Generation, Policy, Sampling
+from agentrl.policies.base import EngineClosed, FinishReason, Generation, Policy, Sampling
 from agentrl.policies.lora import AdapterPolicy
 from agentrl.policies.make import BACKENDS, make_policy
 
-__all__ = ["BACKENDS", "AdapterPolicy", "FinishReason", "Generation", "Policy", "Sampling", "make_policy"]
+__all__ = ["BACKENDS", "AdapterPolicy", "EngineClosed", "FinishReason", "Generation", "Policy", "Sampling", "make_policy"]

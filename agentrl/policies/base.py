@@ -41,6 +41,11 @@ class Sampling:
             raise ValueError(f"Sampling.top_p must be in (0, 1], got {self.top_p}.")
 
 
+class EngineClosed(RuntimeError):
+    """A request or weight update was still running on an engine when the engine was shut down (by its
+    owner, or by an :class:`~agentrl.policies.supervisor.EngineSupervisor` replacing a dead engine)."""
+
+
 class Generation(NamedTuple):
     """What one generation request returned."""
 

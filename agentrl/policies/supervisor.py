@@ -38,14 +38,18 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from agentrl.faults import EngineLost, error_chain
-from agentrl.policies.base import Generation, Policy, Sampling
+from agentrl.policies.base import EngineClosed, Generation, Policy, Sampling
 
 log = logging.getLogger(__name__)
 
-ENGINE_DEATHS = frozenset({"EngineDeadError", "RayActorError", "ActorDiedError", "ActorUnavailableError"})
+ENGINE_DEATHS = frozenset(
+    {"EngineDeadError", "RayActorError", "ActorDiedError", "ActorUnavailableError", EngineClosed.__name__}
+)
 """Names of the exception types that say an engine is gone: vLLM's ``EngineDeadError`` (its engine
-core process died) and Ray's actor errors (a policy actor, or its node, died). Matched by name, so
-that neither library is imported to tell."""
+core process died), Ray's actor errors (a policy actor, or its node, died), and
+:class:`~agentrl.policies.base.EngineClosed` (a call was still running on an engine closed in the
+meantime, such as the dead engine this supervisor replaces). Matched by name, so that neither
+library is imported to tell."""
 
 
 def engine_died(error: BaseException) -> bool:
@@ -206,7 +210,9 @@ class EngineSupervisor:
     def _restart_soon(self, dead: Policy, error: BaseException) -> None:
         """Start a new engine in place of ``dead`` in a thread, unless one is being started or is up."""
         with self._lock:
-            if dead is not self.policy or self._restarting is not None or self.failure is not None:
+            if self._closed.is_set() or dead is not self.policy or self._restarting is not None:
+                return
+            if self.failure is not None:
                 return
             self._restarting = concurrent.futures.Future()
         threading.Thread(target=self._restart, args=(dead, error), name="agentrl-engine-restart", daemon=True).start()

@@ -9,7 +9,8 @@ Greedy requests report the model's raw distribution.
 
 The engine lives on its own event loop in a background thread, so that any caller's loop (a
 rollout, a test, the trainer) can await it, and a caller's loop closing never strands the engine's
-output handler. A cancelled request (an episode timed out) is aborted in the engine.
+output handler. A cancelled request (an episode timed out) is aborted in the engine; a request or
+update still running when the engine is closed raises :class:`~agentrl.policies.base.EngineClosed`.
 
 Weight updates go to the worker through a worker extension (:mod:`agentrl.policies.vllm_worker`):
 the trainer's whole ``state_dict()`` is written once as a safetensors file in shared memory
@@ -46,7 +47,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.policies.base import Generation, Sampling
+from agentrl.policies.base import EngineClosed, Generation, Sampling
 from agentrl.policies.lora import AdapterPolicy, check_adapter_config, write_adapter_dir
 
 _CPU_KV_CACHE_GIB = "2"
@@ -160,12 +161,7 @@ class VLLMPolicy:
 
     async def generate_with_adapter(self, adapter: Any, prompt_ids: Sequence[int], sampling: Sampling) -> Generation:
         """Generate with the adapter ``adapter`` (a ``LoRARequest`` from :meth:`load_adapter`) or the base (None)."""
-        future = asyncio.run_coroutine_threadsafe(self._generate(list(prompt_ids), sampling, adapter), self._loop)
-        try:
-            return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            future.cancel()  # cancels the engine-side task, which aborts the request
-            raise
+        return await self._on_loop(self._generate(list(prompt_ids), sampling, adapter))
 
     def load_adapter(self, name: str, config: Mapping[str, Any], tensors: Mapping[str, Any]) -> Any:
         """Write the adapter to a new directory and ``add_lora`` it under a new id; return its ``LoRARequest``.
@@ -204,7 +200,7 @@ class VLLMPolicy:
     async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """:meth:`update_weights` without blocking the caller's event loop."""
         with _weights_file(named_tensors) as path:
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._push(path), self._loop))
+            await self._on_loop(self._push(path))
         self._version += 1
         return self._version
 
@@ -281,10 +277,28 @@ class VLLMPolicy:
         finally:
             _remove_dir(self._adapter_dirs.pop(adapter.lora_int_id, None))
 
+    async def _on_loop(self, coroutine: Any) -> Any:
+        """Await ``coroutine`` on the engine's loop from the caller's. Cancelling the caller cancels the
+        engine-side task (a request is then aborted); the engine shut down under it (:meth:`close`
+        cancels what runs on its loop) raises :class:`EngineClosed` instead, which is not the caller's
+        own cancellation and must not pass for it."""
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            caller = asyncio.current_task()
+            if caller is not None and caller.cancelling():
+                future.cancel()
+                raise
+            raise EngineClosed("the vLLM engine was shut down while this call ran on it") from None
+
     def _call(self, coroutine: Any) -> Any:
         if self._thread is threading.current_thread():
             raise RuntimeError("VLLMPolicy's blocking methods cannot run on the engine's own loop.")
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        try:
+            return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+        except concurrent.futures.CancelledError:  # only close() cancels what runs on the loop
+            raise EngineClosed("the vLLM engine was shut down while this call ran on it") from None
 
     def _stop_loop(self) -> None:
         if self._loop.is_running():
