@@ -4,7 +4,9 @@ Also the one forward pass every loss needs, :func:`generated_logprobs`: log-prob
 of the generated tokens only. The language-model head is applied to the positions that predict a
 generated token and nowhere else; in multi-turn trajectories most tokens are prompt and
 observations, and the head (hidden x vocabulary) is the largest matrix of a small model, so this is
-most of the trainer's speed. Models whose logits are not plainly ``lm_head(hidden)`` (soft-capped
+most of the trainer's speed. Nor is the batch's padding computed: rows of similar length run
+together, each set only as long as its longest row (:func:`forward_plan`); in a quickstart batch
+that was half of the tokens. Models whose logits are not plainly ``lm_head(hidden)`` (soft-capped
 or scaled logits) take the ordinary full forward pass instead.
 
 :func:`inference_state_dict` is what goes to the inference engine after an update: every tensor
@@ -15,6 +17,7 @@ adapter's tensors), and its adapter policy is made with :func:`adapter_config`.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator, Sequence
 from enum import Enum
 from pathlib import Path
@@ -147,7 +150,8 @@ def generated_logprobs(
     With ``group_index``, rows of one group that begin with the same tokens (GRPO samples of one
     prompt) share one forward pass over that prefix: its keys and values are computed once,
     repeated for the group's rows, and the rows go on from there. The gradient flows through the
-    shared pass; the results equal the plain pass to rounding. The entropy is differentiable only
+    shared pass; the results equal the plain pass to rounding. Either way, rows run in length
+    buckets without the batch's padding (:func:`forward_plan`). The entropy is differentiable only
     with ``entropy_grad`` (an entropy bonus needs it; a metric does not, and its graph over the
     vocabulary would cost memory).
     """
@@ -159,21 +163,27 @@ def generated_logprobs(
     if not _plain_head(base):
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
         every_row = torch.arange(len(input_ids))
-        _fill(logprobs, entropy, logits, input_ids, loss_mask, every_row, 0, entropy_grad, temperature)
+        end = input_ids.shape[1]
+        _fill(logprobs, entropy, logits, input_ids, loss_mask, every_row, 0, end, entropy_grad, temperature)
         return TokenStats(logprobs, entropy)
     backbone, head = getattr(base, base.base_model_prefix), base.get_output_embeddings()
-    for rows, prefix in _shared_prefixes(input_ids, loss_mask, group_index):
-        cache = None
+    for rows, prefix, buckets in forward_plan(attention_mask, input_ids, loss_mask, group_index):
+        shared = None
         if prefix > 0:
-            cache = backbone(input_ids=input_ids[rows[:1], :prefix], use_cache=True).past_key_values
-            cache.batch_repeat_interleave(len(rows))
-        hidden = backbone(
-            input_ids=input_ids[rows, prefix:],
-            attention_mask=attention_mask[rows],
-            past_key_values=cache,
-            use_cache=cache is not None,
-        ).last_hidden_state
-        _fill(logprobs, entropy, hidden, input_ids, loss_mask, rows, prefix, entropy_grad, temperature, head=head)
+            shared = backbone(input_ids=input_ids[rows[:1], :prefix], use_cache=True).past_key_values
+        for bucket, end in buckets:
+            cache = None
+            if shared is not None:
+                cache = copy.copy(shared)  # the layers replace their tensors as they grow: copies are enough
+                cache.layers = [copy.copy(layer) for layer in shared.layers]
+                cache.batch_repeat_interleave(len(bucket))
+            hidden = backbone(
+                input_ids=input_ids[bucket, prefix:end],
+                attention_mask=attention_mask[bucket, :end],
+                past_key_values=cache,
+                use_cache=cache is not None,
+            ).last_hidden_state
+            _fill(logprobs, entropy, hidden, input_ids, loss_mask, bucket, prefix, end, entropy_grad, temperature, head)
     return TokenStats(logprobs, entropy)
 
 
@@ -251,23 +261,25 @@ def _fill(
     loss_mask: torch.Tensor,
     rows: torch.Tensor,
     start: int,
+    end: int,
     entropy_grad: bool,
     temperature: float,
     head: nn.Module | None = None,
 ) -> None:
     """Write the log-probs of ``rows``' generated tokens from ``states`` (hidden states, or logits when
-    ``head`` is None) that begin at position ``start`` of the sequence; position t - 1 predicts t."""
-    targets = loss_mask[rows, start + 1 :].bool()
+    ``head`` is None) of positions ``start`` to ``end`` - 1 of the sequence; position t - 1 predicts t.
+    ``rows`` must be in increasing order (the results are scattered in row-major order)."""
+    targets = loss_mask[rows, start + 1 : end].bool()
     chosen_states = states[:, : targets.shape[1]][targets]
     logits = (head(chosen_states) if head is not None else chosen_states).float()
     if temperature != 1.0:
         logits = logits / temperature
     log_dist = torch.log_softmax(logits, dim=-1)
-    chosen = log_dist.gather(-1, input_ids[rows, start + 1 :][targets].unsqueeze(-1)).squeeze(-1)
+    chosen = log_dist.gather(-1, input_ids[rows, start + 1 : end][targets].unsqueeze(-1)).squeeze(-1)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
         spread = -(log_dist.exp() * log_dist).sum(-1)
     where = torch.zeros_like(loss_mask, dtype=torch.bool)
-    where[rows, start + 1 :] = targets
+    where[rows, start + 1 : end] = targets
     # In place on a zeros tensor that needs no gradient: the graph of ``chosen`` is kept.
     logprobs.masked_scatter_(where, chosen)
     entropy.masked_scatter_(where, spread)
@@ -290,6 +302,63 @@ def _shared_prefixes(
             prefix = int(same.float().argmin().item()) if not bool(same.all()) else prefix
         out.append((rows, prefix if len(rows) > 1 else 0))
     return out
+
+
+class PrefixSet(NamedTuple):
+    """Rows that share their first ``prefix`` tokens, and the forward passes that run them on from there."""
+
+    rows: torch.Tensor
+    """The rows, in increasing order."""
+    prefix: int
+    """How many tokens they share: computed once, from the first row (0: nothing shared)."""
+    buckets: list[tuple[torch.Tensor, int]]
+    """One forward pass each, from ``prefix`` to ``end`` (the longest row's length): ``(rows, end)``."""
+
+
+def forward_plan(
+    attention_mask: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, group_index: torch.Tensor | None
+) -> list[PrefixSet]:
+    """How :func:`generated_logprobs` runs a right-padded batch: the rows grouped by shared prefix
+    (with ``group_index``), then each set cut into length buckets (:func:`_length_buckets`), each
+    bucket computed up to its own longest row only, not the batch's."""
+    lengths = attention_mask.sum(dim=1)
+    plan = []
+    for rows, prefix in _shared_prefixes(input_ids, loss_mask, group_index):
+        buckets = [(bucket, int(lengths[bucket].max())) for bucket in _length_buckets(rows, lengths[rows] - prefix)]
+        plan.append(PrefixSet(rows, prefix, buckets))
+    return plan
+
+
+def computed_tokens(plan: Sequence[PrefixSet]) -> int:
+    """How many token positions the forward passes of ``plan`` compute (padding included)."""
+    return sum(s.prefix + sum(len(b) * (end - s.prefix) for b, end in s.buckets) for s in plan)
+
+
+BUCKET_COST = 16
+"""What one more forward pass costs, in tokens' worth of compute: :func:`_length_buckets` pads a row
+to a longer one's length rather than run it alone when that pads fewer tokens than this."""
+
+
+def _length_buckets(rows: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+    """``rows`` split into sets to run as one forward pass each, every set padded to its longest row,
+    so that the tokens computed plus :data:`BUCKET_COST` per set are fewest: the rows sorted by
+    ``lengths`` and cut where it pays (an exact partition over the sorted order, O(n^2) for n rows).
+    Each set keeps its rows in increasing order."""
+    order = torch.argsort(lengths, stable=True).tolist()
+    sizes = [int(lengths[i]) for i in order]
+    n = len(order)
+    best = [0.0] + [float("inf")] * n  # best[j]: the cost of the j shortest rows
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        for i in range(j):  # the last set holds sorted rows i..j-1, padded to sizes[j - 1]
+            cost = best[i] + (j - i) * sizes[j - 1] + BUCKET_COST
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    buckets, j = [], n
+    while j > 0:
+        buckets.append(rows[sorted(order[cut[j] : j])])
+        j = cut[j]
+    return buckets[::-1]
 
 
 def inference_state_dict(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -12,4 +12,13 @@ from agentrl.policies.base import EngineClosed, FinishReason, Generation, Policy
 from agentrl.policies.lora import AdapterPolicy
 from agentrl.policies.make import BACKENDS, make_policy
 
-__all__ = ["BACKENDS", "AdapterPolicy", "EngineClosed", "FinishReason", "Generation", "Policy", "Sampling", "make_policy"]
+__all__ = [
+    "BACKENDS",
+    "AdapterPolicy",
+    "EngineClosed",
+    "FinishReason",
+    "Generation",
+    "Policy",
+    "Sampling",
+    "make_policy",
+]

@@ -26,6 +26,7 @@ from agentrl.trainers import (
     collate,
     generated_logprobs,
     load_policy_model,
+    models,
 )
 from agentrl.trainers.models import inference_state_dict, load_reference_model
 
@@ -294,7 +295,9 @@ def test_trainable_layers_freeze_everything_below(tiny_model_dir, trajectories):
         load_policy_model(tiny_model_dir, trainable_layers=layers + 1)
 
 
-def test_a_groups_shared_prompt_runs_once_with_the_same_results(tiny_model_dir):
+@pytest.mark.parametrize("bucket_cost", [16, 0])  # 0: every length its own forward pass
+def test_a_groups_shared_prompt_runs_once_with_the_same_results(tiny_model_dir, monkeypatch, bucket_cost):
+    monkeypatch.setattr(models, "BUCKET_COST", bucket_cost)
     model = load_policy_model(tiny_model_dir)
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(3, 1000, (20,), generator=generator)
@@ -325,6 +328,17 @@ def test_a_groups_shared_prompt_runs_once_with_the_same_results(tiny_model_dir):
     assert bool((plain.logprobs != 0).sum() == mask[:, 1:].sum())
     for a, b in zip(plain_grads, shared_grads):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_rows_run_in_length_buckets_that_compute_the_fewest_tokens(monkeypatch):
+    monkeypatch.setattr(models, "BUCKET_COST", 16)
+    rows = torch.tensor([3, 5, 8, 9, 12])
+    buckets = models._length_buckets(rows, torch.tensor([40, 300, 42, 290, 41]))
+    assert [b.tolist() for b in buckets] == [[3, 8, 12], [5, 9]]  # increasing row order inside each
+    # a short row joins a long one when padding it costs less than a pass of its own
+    assert [b.tolist() for b in models._length_buckets(rows[:2], torch.tensor([30, 40]))] == [[3, 5]]
+    monkeypatch.setattr(models, "BUCKET_COST", 0)
+    assert [b.tolist() for b in models._length_buckets(rows[:2], torch.tensor([30, 40]))] == [[3], [5]]
 
 
 def _sampled_by(trajectories: list, version: int, shift: float = 0.0) -> list:
