@@ -72,9 +72,9 @@ def one_padded_pass(baseline: bool) -> Iterator[None]:
 
     saved = models.forward_plan
 
-    def padded(attention_mask: Any, *args: Any) -> list[Any]:
-        width = attention_mask.shape[1]
-        return [s._replace(buckets=[(s.rows, width)]) for s in saved(attention_mask, *args)]
+    def padded(input_ids: Any, *args: Any) -> list[Any]:
+        width = input_ids.shape[1]
+        return [s._replace(buckets=[(s.rows, width)]) for s in saved(input_ids, *args)]
 
     if baseline:
         models.forward_plan = padded
@@ -89,7 +89,7 @@ def planned_tokens(batch: Any, micro_batch_size: int) -> int:
     from agentrl.trainers import models
 
     return sum(
-        models.computed_tokens(models.forward_plan(m.attention_mask, m.input_ids, m.loss_mask, m.group_index))
+        models.computed_tokens(models.forward_plan(m.input_ids, m.attention_mask, m.loss_mask, m.group_index))
         for m in batch.split(micro_batch_size)
     )
 

@@ -6,7 +6,7 @@ generated token and nowhere else; in multi-turn trajectories most tokens are pro
 observations, and the head (hidden x vocabulary) is the largest matrix of a small model, so this is
 most of the trainer's speed. Nor is the batch's padding computed: rows of similar length run
 together, each set only as long as its longest row (:func:`forward_plan`); in a quickstart batch
-that was half of the tokens. Models whose logits are not plainly ``lm_head(hidden)`` (soft-capped
+that was nearly two thirds of the tokens computed. Models whose logits are not plainly ``lm_head(hidden)`` (soft-capped
 or scaled logits) take the ordinary full forward pass instead.
 
 :func:`inference_state_dict` is what goes to the inference engine after an update: every tensor
@@ -167,7 +167,7 @@ def generated_logprobs(
         _fill(logprobs, entropy, logits, input_ids, loss_mask, every_row, 0, end, entropy_grad, temperature)
         return TokenStats(logprobs, entropy)
     backbone, head = getattr(base, base.base_model_prefix), base.get_output_embeddings()
-    for rows, prefix, buckets in forward_plan(attention_mask, input_ids, loss_mask, group_index):
+    for rows, prefix, buckets in forward_plan(input_ids, attention_mask, loss_mask, group_index):
         shared = None
         if prefix > 0:
             shared = backbone(input_ids=input_ids[rows[:1], :prefix], use_cache=True).past_key_values
@@ -316,7 +316,7 @@ class PrefixSet(NamedTuple):
 
 
 def forward_plan(
-    attention_mask: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, group_index: torch.Tensor | None
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, group_index: torch.Tensor | None
 ) -> list[PrefixSet]:
     """How :func:`generated_logprobs` runs a right-padded batch: the rows grouped by shared prefix
     (with ``group_index``), then each set cut into length buckets (:func:`_length_buckets`), each
