@@ -210,9 +210,8 @@ class EngineSupervisor:
     def _restart_soon(self, dead: Policy, error: BaseException) -> None:
         """Start a new engine in place of ``dead`` in a thread, unless one is being started or is up."""
         with self._lock:
-            if self._closed.is_set() or dead is not self.policy or self._restarting is not None:
-                return
-            if self.failure is not None:
+            stale = dead is not self.policy or self._restarting is not None or self.failure is not None
+            if stale or self._closed.is_set():
                 return
             self._restarting = concurrent.futures.Future()
         threading.Thread(target=self._restart, args=(dead, error), name="agentrl-engine-restart", daemon=True).start()
