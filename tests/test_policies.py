@@ -213,3 +213,35 @@ def test_the_rollout_example_config_runs_with_a_tiny_budget(tiny_model_dir, tmp_
     )
     trajectories, stats = rollout(config)
     assert len(trajectories) == 4 and stats.episodes == 4 and out.exists()
+
+
+def test_a_vllm_update_names_whole_layers_that_changed_and_nothing_unchanged():
+    from agentrl.policies.vllm import _changed
+
+    embed = torch.zeros(8, 4)
+    state = {
+        "model.embed_tokens.weight": embed,
+        "model.layers.0.self_attn.q_proj.weight": torch.zeros(4, 4),
+        "model.layers.0.self_attn.k_proj.weight": torch.zeros(4, 4),
+        "model.layers.1.self_attn.q_proj.weight": torch.zeros(4, 4),
+        "model.layers.1.self_attn.k_proj.weight": torch.zeros(4, 4),
+        "model.norm.weight": torch.zeros(4),
+        "lm_head.weight": embed,  # tied
+    }
+    sent, held = _changed({}, state.items())
+    assert [name for name, _ in sent] == list(state)  # a new engine gets everything
+    state["model.layers.1.self_attn.q_proj.weight"].add_(1.0)  # an optimizer step on layer 1's q alone
+    sent, held = _changed(held, state.items())
+    assert [name for name, _ in sent] == [
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.1.self_attn.k_proj.weight",  # vLLM reloads q, k and v as one matrix
+    ]
+    assert _changed(held, state.items())[0] == []
+    embed.add_(1.0)  # a trained embedding goes with its tied head
+    assert [name for name, _ in _changed(held, state.items())[0]] == ["model.embed_tokens.weight", "lm_head.weight"]
+    state["model.norm.weight"] = torch.zeros(4)  # a new tensor: sent, whatever it holds
+    assert [name for name, _ in _changed(held, state.items())[0]] == [
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+    ]

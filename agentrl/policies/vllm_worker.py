@@ -48,11 +48,12 @@ class WeightSync:
     model_runner: Any  # set by vLLM on the worker this class is mixed into
 
     def agentrl_load_file(self, path: str) -> int:
-        """Load a safetensors file of the whole state dict with vLLM's in-place reload; return the tensor count.
+        """Load a safetensors file of state-dict tensors with vLLM's in-place reload; return the tensor count.
 
-        Every tensor must be there, the tied ``lm_head.weight`` included: vLLM's reload
-        re-materialises the head from what it is given, and leaving it out silently keeps a stale
-        head (log-probs then off by a nat or more).
+        Modules the file does not name keep their weights. A layer must come whole (vLLM builds
+        one matrix of q, k and v), and a changed embedding must come with the tied
+        ``lm_head.weight``: vLLM reloads the head from what it is given, and leaving it out
+        silently keeps a stale head (log-probs then off by a nat or more).
         """
         from safetensors.torch import load_file
 
