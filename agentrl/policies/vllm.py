@@ -57,7 +57,7 @@ _CPU_BLOCK_SIZE = 32
 only, so at 128 a multi-turn episode recomputes up to 127 tokens of the conversation each turn, and
 a GRPO group's shared prompt (the quickstart's is 81 tokens) is not reused at all. 32 is the
 smallest the CPU attention accepts; on the quickstart's rollouts it generates about 1.4x the tokens/s
-(benchmarks/README.md, "KV block size")."""
+(`benchmarks/kv_block_size.py`)."""
 
 
 class VLLMPolicy:
