@@ -245,3 +245,22 @@ def test_a_vllm_update_names_whole_layers_that_changed_and_nothing_unchanged():
         "model.norm.weight",
         "lm_head.weight",
     ]
+
+
+def test_a_stamped_tensor_is_unchanged_until_written_or_freed():
+    from agentrl.policies.base import stamp, unchanged
+
+    parameter = torch.nn.Parameter(torch.zeros(1000))
+    before = stamp(parameter.detach())
+    assert unchanged(before, parameter.detach())  # a new view of the same, untouched memory
+    with torch.no_grad():
+        parameter.add_(1.0)  # an optimizer step: in place
+    assert not unchanged(before, parameter.detach())
+    before = stamp(parameter.detach())
+    parameter.data[999] = 5.0  # past the version counter, as a fused optimizer writes
+    assert not unchanged(before, parameter.detach())
+    merged = parameter.detach() * 2  # new at every update, as LoRA-merged weights are
+    before = stamp(merged)
+    del merged
+    assert before.storage.expired()  # so a new tensor given its memory is not taken for it
+    assert not unchanged(before, torch.zeros(1000))

@@ -95,15 +95,40 @@ class Policy(Protocol):
         ...
 
 
-def same_tensor(previous: Any, version: int, tensor: Any) -> bool:
-    """Whether ``tensor`` holds what ``previous`` held when its in-place version was ``version``: the
-    same memory, shape and dtype, changed in place since by nothing (an optimizer step changes a
-    parameter in place, which counts). The caller must have held ``previous`` since, or a new
-    tensor could have been given its memory and pass for it."""
-    return (
-        tensor.data_ptr() == previous.data_ptr()
-        and tensor._version == version
-        and tensor.shape == previous.shape
-        and tensor.dtype == previous.dtype
-        and tensor.device == previous.device
-    )
+class TensorStamp(NamedTuple):
+    """What a tensor held when :func:`stamp` saw it, to tell later whether it changed (:func:`unchanged`)."""
+
+    storage: Any
+    """A weak reference to its memory: while that lives, no new tensor can be given the memory."""
+    data_ptr: int
+    shape: tuple[int, ...]
+    version: int
+    """Its in-place version counter then: every in-place change through the tensor raises it."""
+    sample: Any
+    """Up to 64 of its values, evenly spread: a write that passes the counter by (``p.data.add_``, a
+    fused optimizer's step) changes them."""
+
+
+def stamp(tensor: Any) -> TensorStamp:
+    """``tensor``'s :class:`TensorStamp`; it holds no reference to the tensor's memory."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    flat = tensor.detach().reshape(-1)
+    picks = torch.linspace(0, max(flat.numel() - 1, 0), min(flat.numel(), 64), device=flat.device).long()
+    storage = StorageWeakRef(tensor.untyped_storage())
+    return TensorStamp(storage, tensor.data_ptr(), tuple(tensor.shape), tensor._version, flat[picks].clone())
+
+
+def unchanged(before: TensorStamp, tensor: Any) -> bool:
+    """Whether ``tensor`` holds what the tensor stamped ``before`` held: the same memory, still of the
+    same storage, not changed since. A ``state_dict()`` tensor of a layer no optimizer touched is
+    unchanged; a new tensor (LoRA merged, a dtype cast, one that arrived through Ray) never is, even
+    where the allocator gave it the memory of one that was freed."""
+    import torch
+
+    same_memory = not before.storage.expired() and tensor.data_ptr() == before.data_ptr
+    if not same_memory or tuple(tensor.shape) != before.shape or tensor._version != before.version:
+        return False
+    now = stamp(tensor).sample
+    return now.dtype == before.sample.dtype and torch.equal(now, before.sample)

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from agentrl.faults import EngineLost, error_chain
-from agentrl.policies.base import EngineClosed, Generation, Policy, Sampling, same_tensor
+from agentrl.policies.base import EngineClosed, Generation, Policy, Sampling, TensorStamp, stamp, unchanged
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class EngineSupervisor:
         self._version = 0
         self._offset = 0  # this supervisor's version minus the serving engine's
         self._weights: list[tuple[str, Any]] | None = None  # the last update, for a new engine
-        self._copies: dict[str, tuple[Any, int, Any]] = {}  # name -> (the tensor copied, its version then, the copy)
+        self._copies: dict[str, tuple[TensorStamp, Any]] = {}  # name -> (the tensor's stamp, its copy)
         self._lock = threading.Lock()
         self._restarting: concurrent.futures.Future[None] | None = None
         self._closed = threading.Event()
@@ -146,20 +146,18 @@ class EngineSupervisor:
     def _keep(self, named_tensors: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
         """The update as a list; with restarts allowed, of copies in host memory (the trainer's own
         tensors change with its next step, and a new engine must get these). A tensor unchanged
-        since the last update (:func:`~agentrl.policies.base.same_tensor`: a frozen layer) keeps its
+        since the last update (:func:`~agentrl.policies.base.unchanged`: a frozen layer) keeps its
         copy, so only what training changed is copied again."""
         if not self.max_restarts:
             return list(named_tensors)
         kept, copies = [], {}
         for name, tensor in named_tensors:
             previous = self._copies.get(name)
-            if previous is not None and same_tensor(previous[0], previous[1], tensor):
-                copy = previous[2]
+            if previous is not None and unchanged(previous[0], tensor):
+                copy = previous[1]
             else:
                 copy = tensor.detach().to("cpu", copy=True)
-            # The source is held until the next update so that no new tensor can take its memory
-            # and pass for it (LoRA-merged tensors are new every update).
-            copies[name] = (tensor, tensor._version, copy)
+            copies[name] = (stamp(tensor), copy)
             kept.append((name, copy))
         self._copies = copies
         return kept

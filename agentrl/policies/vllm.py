@@ -48,7 +48,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.policies.base import EngineClosed, Generation, Sampling, same_tensor
+from agentrl.policies.base import EngineClosed, Generation, Sampling, TensorStamp, stamp, unchanged
 from agentrl.policies.lora import AdapterPolicy, check_adapter_config, write_adapter_dir
 
 _CPU_KV_CACHE_GIB = "2"
@@ -122,7 +122,7 @@ class VLLMPolicy:
         self._thread = threading.Thread(target=self._loop.run_forever, name="agentrl-vllm", daemon=True)
         self._thread.start()
         self._version = 0
-        self._held: dict[str, tuple[Any, int]] = {}  # what the engine holds: name -> (tensor sent, its version then)
+        self._held: dict[str, TensorStamp] = {}  # what the engine holds: name -> the stamp of the tensor sent
         self.sent_bytes = 0
         """Bytes of weights the last update sent to the engine."""
         self._lora_ids = itertools.count(1)  # vLLM caches adapters by this id: never reuse one
@@ -270,7 +270,7 @@ class VLLMPolicy:
         finish = {"stop": "stop", "length": "length"}.get(str(completion.finish_reason), "abort")
         return Generation(token_ids, logprobs, version, finish)  # type: ignore[arg-type]
 
-    def _updated(self, sent: list[tuple[str, Any]], held: dict[str, tuple[Any, int]]) -> int:
+    def _updated(self, sent: list[tuple[str, Any]], held: dict[str, TensorStamp]) -> int:
         self._held = held
         self.sent_bytes = sum(tensor.numel() * tensor.element_size() for _, tensor in sent)
         self._version += 1
@@ -349,29 +349,26 @@ _LAYER = re.compile(r"^(.*?\.\d+)\.")
 
 
 def _changed(
-    held: Mapping[str, tuple[Any, int]], named_tensors: Iterable[tuple[str, Any]]
-) -> tuple[list[tuple[str, Any]], dict[str, tuple[Any, int]]]:
-    """The tensors the engine must be sent, and what it holds once it has them.
+    held: Mapping[str, TensorStamp], named_tensors: Iterable[tuple[str, Any]]
+) -> tuple[list[tuple[str, Any]], dict[str, TensorStamp]]:
+    """The tensors the engine must be sent, and the stamps of what it holds once it has them.
 
-    A tensor the engine got last time and that has not changed since (``same_tensor``: a frozen
-    layer of the trainer) is not sent again; the quickstart trains 8 of SmolLM2's 30 layers and
-    sends about a fifth of the model. vLLM reloads a decoder layer from all of its tensors at once
-    (q, k and v become one matrix), so a layer that changed at all is sent whole. The record holds
-    every tensor it names, so that no new tensor can be given the memory of one and pass for it.
+    A tensor the engine got last time and that has not changed since (``unchanged``: a frozen layer
+    of the trainer) is not sent again; the quickstart trains 8 of SmolLM2's 30 layers and sends
+    about a fifth of the model. vLLM reloads a module from all of its tensors at once (and a decoder
+    layer's q, k and v as one matrix), so a decoder layer, or a module outside the layers, that
+    changed at all is sent whole. Tensors that arrive new at every update (through Ray, LoRA merged)
+    are always sent.
     """
     tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
-    stale = {
-        _reload_unit(name)
-        for name, tensor in tensors
-        if name not in held or not same_tensor(held[name][0], held[name][1], tensor)
-    }
-    return [(n, t) for n, t in tensors if _reload_unit(n) in stale], {n: (t, t._version) for n, t in tensors}
+    stale = {_reload_unit(name) for name, tensor in tensors if name not in held or not unchanged(held[name], tensor)}
+    return [(n, t) for n, t in tensors if _reload_unit(n) in stale], {n: stamp(t) for n, t in tensors}
 
 
 def _reload_unit(name: str) -> str:
-    """What ``name`` is reloaded with: its decoder layer, or the tensor alone outside the layers."""
+    """What ``name`` is reloaded with: its decoder layer, or its module outside the layers."""
     layer = _LAYER.match(name)
-    return layer.group(1) if layer else name
+    return layer.group(1) if layer else name.rpartition(".")[0]
 
 
 @contextlib.contextmanager

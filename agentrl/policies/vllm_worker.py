@@ -18,8 +18,10 @@ CPU platform whose vLLM has these ops with these exact parameters; any other vLL
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -58,8 +60,23 @@ class WeightSync:
         from safetensors.torch import load_file
 
         state = load_file(path, device="cpu")
-        self.model_runner.reload_weights(weights_iterator=iter(state.items()))
+        # vLLM warns about every module a partial reload is not given (hundreds a sync); those are
+        # the frozen layers, kept on purpose.
+        with _quiet("vllm.model_executor.model_loader.reload"):
+            self.model_runner.reload_weights(weights_iterator=iter(state.items()))
         return len(state)
+
+
+@contextlib.contextmanager
+def _quiet(logger_name: str) -> Iterator[None]:
+    """Only errors from ``logger_name`` and its children while the block runs."""
+    logger = logging.getLogger(logger_name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def grouped_lora_matmul(
