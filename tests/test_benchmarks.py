@@ -213,7 +213,7 @@ def test_multi_policy_serving_quick_run_prints_its_table(capsys):
 @pytest.mark.slow
 def test_prompt_selection_quick_run_trains_a_step_with_pcl_on_vllm(capsys):
     """One step of examples/hallway.yaml with PCL choosing its prompts, on vLLM and the default
-    model, in a process of its own: slow (about 3 minutes)."""
+    model, in a process of its own: slow (about 3 minutes; one group of at most 4 turns)."""
     head = (BENCHMARKS / "prompt_selection.py").read_text().splitlines()[:6]
     assert any(line.strip().startswith("python benchmarks/prompt_selection.py --quick") for line in head)
     load("prompt_selection").main(["--quick", "--selections", "pcl"])

@@ -259,6 +259,8 @@ def test_a_stamped_tensor_is_unchanged_until_written_or_freed():
     before = stamp(parameter.detach())
     parameter.data[999] = 5.0  # past the version counter, as a fused optimizer writes
     assert not unchanged(before, parameter.detach())
+    embedding = torch.zeros(28_311_552)  # SmolLM2's: its last index is not a float32
+    assert stamp(embedding).sample.numel() == 64
     merged = parameter.detach() * 2  # new at every update, as LoRA-merged weights are
     before = stamp(merged)
     del merged

@@ -115,7 +115,8 @@ def stamp(tensor: Any) -> TensorStamp:
     from torch.multiprocessing.reductions import StorageWeakRef
 
     flat = tensor.detach().reshape(-1)
-    picks = torch.linspace(0, max(flat.numel() - 1, 0), min(flat.numel(), 64), device=flat.device).long()
+    count = min(flat.numel(), 64)  # evenly spread, first and last included; integers (floats lose large indices)
+    picks = torch.arange(count, device=flat.device) * (flat.numel() - 1) // max(count - 1, 1)
     storage = StorageWeakRef(tensor.untyped_storage())
     return TensorStamp(storage, tensor.data_ptr(), tuple(tensor.shape), tensor._version, flat[picks].clone())
 
