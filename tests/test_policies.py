@@ -252,17 +252,17 @@ def test_a_stamped_tensor_is_unchanged_until_written_or_freed():
 
     parameter = torch.nn.Parameter(torch.zeros(1000))
     before = stamp(parameter.detach())
-    assert unchanged(before, parameter.detach())  # a new view of the same, untouched memory
+    assert unchanged(before, stamp(parameter.detach()))  # a new view of the same, untouched memory
     with torch.no_grad():
         parameter.add_(1.0)  # an optimizer step: in place
-    assert not unchanged(before, parameter.detach())
+    assert not unchanged(before, stamp(parameter.detach()))
     before = stamp(parameter.detach())
     parameter.data[999] = 5.0  # past the version counter, as a fused optimizer writes
-    assert not unchanged(before, parameter.detach())
+    assert not unchanged(before, stamp(parameter.detach()))
     embedding = torch.zeros(28_311_552)  # SmolLM2's: its last index is not a float32
     assert stamp(embedding).sample.numel() == 64
     merged = parameter.detach() * 2  # new at every update, as LoRA-merged weights are
     before = stamp(merged)
     del merged
     assert before.storage.expired()  # so a new tensor given its memory is not taken for it
-    assert not unchanged(before, torch.zeros(1000))
+    assert not unchanged(before, stamp(torch.zeros(1000)))

@@ -121,15 +121,14 @@ def stamp(tensor: Any) -> TensorStamp:
     return TensorStamp(storage, tensor.data_ptr(), tuple(tensor.shape), tensor._version, flat[picks].clone())
 
 
-def unchanged(before: TensorStamp, tensor: Any) -> bool:
-    """Whether ``tensor`` holds what the tensor stamped ``before`` held: the same memory, still of the
-    same storage, not changed since. A ``state_dict()`` tensor of a layer no optimizer touched is
-    unchanged; a new tensor (LoRA merged, a dtype cast, one that arrived through Ray) never is, even
-    where the allocator gave it the memory of one that was freed."""
+def unchanged(before: TensorStamp, now: TensorStamp) -> bool:
+    """Whether the tensor stamped ``now`` holds what the one stamped ``before`` held: the same memory,
+    still of the same storage, not changed since. A ``state_dict()`` tensor of a layer no optimizer
+    touched is unchanged; a new tensor (LoRA merged, a dtype cast, one that arrived through Ray)
+    never is, even where the allocator gave it the memory of one that was freed."""
     import torch
 
-    same_memory = not before.storage.expired() and tensor.data_ptr() == before.data_ptr
-    if not same_memory or tuple(tensor.shape) != before.shape or tensor._version != before.version:
+    same_memory = not before.storage.expired() and now.data_ptr == before.data_ptr
+    if not same_memory or now.shape != before.shape or now.version != before.version:
         return False
-    now = stamp(tensor).sample
-    return now.dtype == before.sample.dtype and torch.equal(now, before.sample)
+    return now.sample.dtype == before.sample.dtype and torch.equal(now.sample, before.sample)

@@ -152,12 +152,12 @@ class EngineSupervisor:
             return list(named_tensors)
         kept, copies = [], {}
         for name, tensor in named_tensors:
-            previous = self._copies.get(name)
-            if previous is not None and unchanged(previous[0], tensor):
+            previous, now = self._copies.get(name), stamp(tensor)
+            if previous is not None and unchanged(previous[0], now):
                 copy = previous[1]
             else:
                 copy = tensor.detach().to("cpu", copy=True)
-            copies[name] = (stamp(tensor), copy)
+            copies[name] = (now, copy)
             kept.append((name, copy))
         self._copies = copies
         return kept

@@ -16,8 +16,9 @@ Weight updates go to the worker through a worker extension (:mod:`agentrl.polici
 the tensors of the trainer's ``state_dict()`` that changed since the last update (whole decoder
 layers; a frozen layer is sent once) are written as a safetensors file in shared memory
 (``/dev/shm``), the worker maps it and loads it in place with vLLM's ``reload_weights``, which
-leaves the layers it is not given as they are, and the prefix cache is reset (its entries were computed with the old weights; requests running then are
-preempted and recompute theirs on the new weights). A file beats sending the
+leaves the layers it is not given as they are, and the prefix cache is reset (its entries were
+computed with the old weights; requests running then are preempted and recompute theirs on the new
+weights). A file beats sending the
 tensors through the engine's RPC pipe, which serialises them and copies them between processes
 (figures in ``benchmarks/README.md``; a run logs its own as ``perf/time_sync``). Requests running
 during an update finish on the new weights; their tokens keep the version they started with (the
@@ -361,8 +362,9 @@ def _changed(
     are always sent.
     """
     tensors = [(name, tensor.detach()) for name, tensor in named_tensors]
-    stale = {_reload_unit(name) for name, tensor in tensors if name not in held or not unchanged(held[name], tensor)}
-    return [(n, t) for n, t in tensors if _reload_unit(n) in stale], {n: stamp(t) for n, t in tensors}
+    stamps = {name: stamp(tensor) for name, tensor in tensors}
+    stale = {_reload_unit(n) for n, now in stamps.items() if n not in held or not unchanged(held[n], now)}
+    return [(n, t) for n, t in tensors if _reload_unit(n) in stale], stamps
 
 
 def _reload_unit(name: str) -> str:
