@@ -190,11 +190,18 @@ def build_engine(
 
 
 def build_trainer(
-    model_path: str, config: TrainerConfig, tokenizer: Any, *, device: str = "cpu", dtype: str = "float32"
+    model_path: str,
+    config: TrainerConfig,
+    tokenizer: Any,
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    wrap: Callable[[Any], Any] | None = None,
 ) -> Trainer:
     """The :class:`~agentrl.trainers.trainer.Trainer` of ``config`` on the model at ``model_path``
     (padding with ``tokenizer``'s pad id), with a reference model when ``config.kl_coef`` > 0 and a
-    value model for PPO."""
+    value model for PPO. ``wrap`` is applied to the policy model before the optimizer sees it
+    (FSDP's ``fully_shard``, :mod:`agentrl.cluster`)."""
     model = load_policy_model(
         model_path,
         dtype=dtype,
@@ -204,6 +211,8 @@ def build_trainer(
         trainable_layers=config.trainable_layers,
         gradient_checkpointing=config.gradient_checkpointing,
     )
+    if wrap is not None:
+        model = wrap(model)
     ref_model = load_reference_model(model_path, device=device) if config.kl_coef > 0 else None
     value_model = ValueModel(model_path, device=device) if config.algorithm == "ppo" else None
     return Trainer(model, config, pad_token_id=pad_token_id(tokenizer), ref_model=ref_model, value_model=value_model)

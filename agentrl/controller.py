@@ -24,6 +24,7 @@ from agentrl.dashboard.records import sample_records, write_samples
 from agentrl.metrics import MetricsLogger
 from agentrl.plot import plot_run
 from agentrl.policies import Policy
+from agentrl.policies.router import RouterPolicy
 from agentrl.policies.supervisor import EngineSupervisor
 from agentrl.rollout import RolloutEngine, RolloutStats, StalenessWindow, TrajectoryBuffer, group_env_seed
 from agentrl.rollout.scheduler import close_quietly
@@ -393,8 +394,8 @@ class Controller:
         await self._notify()
 
     def _fault_metrics(self) -> dict[str, float]:
-        """What the run's faults cost so far: engines replaced, Ray env workers replaced."""
-        metrics = self.policy.metrics() if isinstance(self.policy, EngineSupervisor) else {}
+        """What the run's faults cost so far: engines replaced or lost (and requests replayed), Ray env workers replaced."""
+        metrics = self.policy.metrics() if isinstance(self.policy, (EngineSupervisor, RouterPolicy)) else {}
         retired = getattr(self.engine, "retired", None)  # a DistributedRollout's dead workers
         if retired is not None:
             metrics["fault/env_workers_replaced"] = float(len(retired))

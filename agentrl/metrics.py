@@ -115,6 +115,11 @@ METRICS: Mapping[str, str] = {
         "(generation waited that long; the episodes the death cut short are in rollout/failed)"
     ),
     "fault/env_workers_replaced": "rollout.ray_address: Ray env workers that died and were replaced so far (their unstarted groups replayed, the rest counted failed)",
+    # Several engines behind the router (cluster.engines; see agentrl.policies.router).
+    "fault/engines_lost": "cluster: inference engines that died so far (their episodes went on on the others)",
+    "fault/replayed_requests": "cluster: generation requests sent again to another engine because theirs died",
+    "perf/engine_share_min": "cluster: the least busy engine's share of the generation requests answered so far (1/engines when even)",
+    "perf/engine_share_max": "cluster: the busiest engine's share of the generation requests answered so far",
     # Evaluation on the held-out split (before training, every few steps, after training).
     "eval/success_rate": 'share of held-out episodes whose final `info["success"]` was true',
     "eval/reward_mean": "mean episode return on the held-out split",

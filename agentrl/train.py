@@ -72,6 +72,7 @@ from agentrl.train_config import EVAL_SEED_OFFSET, CurriculumConfig, PolicyConfi
 from agentrl.trainers.checkpoint import list_checkpoints, load_checkpoint
 from agentrl.trainers.curriculum import PromptCurriculum, PromptValueModel
 from agentrl.trainers.models import save_pretrained
+from agentrl.trainers.trainer import Trainer
 
 __all__ = [
     "EVAL_SEED_OFFSET",
@@ -106,6 +107,11 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
             if config.tail_batching:
                 raise ValueError(
                     "tail_batching plays a single-agent env's groups in rounds; a multi-agent run cannot use it."
+                )
+            if config.cluster.enabled:
+                raise ValueError(
+                    "the cluster section trains one policy (a single-agent env) for now; leave it out for a "
+                    "multi-agent run, whose policies train in this process."
                 )
             if config.curriculum.selection != "uniform":
                 raise ValueError(
@@ -148,7 +154,15 @@ def _train_one_policy(config: TrainConfig, progress: Progress, policy: Policy | 
     progress.on_phase("starting the inference engine", 0)
     ray_session = _RaySession(config.rollout.ray_address)
     own_policy = policy is None
-    if policy is None:  # an engine that dies is replaced (EngineSupervisor), max_engine_restarts times
+    cluster = None
+    if config.cluster.enabled:  # trainer ranks and engines as Ray actors (agentrl.cluster)
+        if policy is not None:
+            raise ValueError(
+                "train(policy=...) trains through your engine; a run with a cluster section starts its own."
+            )
+        cluster = _start_cluster(config, settings, model_path)
+        policy = cluster.policy
+    elif policy is None:  # an engine that dies is replaced (EngineSupervisor), max_engine_restarts times
         start = (
             functools.partial(ray_session.policy, config.rollout, model_path)
             if config.rollout.ray_address
@@ -156,8 +170,12 @@ def _train_one_policy(config: TrainConfig, progress: Progress, policy: Policy | 
         )
         policy = EngineSupervisor(start, max_restarts=config.max_engine_restarts)
     try:
-        trainer = build_trainer(
-            model_path, settings.trainer, policy.tokenizer, device=config.device, dtype=config.rollout.dtype
+        trainer = (
+            cluster.trainer
+            if cluster is not None
+            else build_trainer(
+                model_path, settings.trainer, policy.tokenizer, device=config.device, dtype=config.rollout.dtype
+            )
         )
         state, buffered = ControllerState(), []
         if checkpoints:
@@ -183,12 +201,40 @@ def _train_one_policy(config: TrainConfig, progress: Progress, policy: Policy | 
             asyncio.run(controller.run())
             eval_after = controller.evaluate(step=state.step) if config.eval_episodes else None
             controller.checkpoint()
-        model_dir = save_pretrained(trainer.model, policy.tokenizer, run_dir / "model") if config.export else None
+        model_dir = _export(trainer, model_path, policy.tokenizer, run_dir / "model") if config.export else None
     finally:
-        if own_policy:
+        if cluster is not None:
+            cluster.close()
+        elif own_policy:
             policy.close()
         ray_session.close()
     return TrainResult(run_dir, state.step, state.eval_before, eval_after, model_dir, plot_quietly(run_dir))
+
+
+def _start_cluster(config: TrainConfig, settings: TrainConfig, model_path: str) -> Any:
+    """The run's trainer ranks and engines on Ray (:func:`agentrl.cluster.start_cluster`)."""
+    from agentrl.cluster import start_cluster  # imports Ray, an optional dependency
+
+    colocated_gpus = config.cluster.placement == "colocated" and config.device == "cuda"
+    return start_cluster(
+        config.cluster,
+        config.rollout,
+        settings.trainer,
+        model_path,
+        device=config.device,
+        torch_threads=config.torch_threads,
+        sleep=colocated_gpus,  # the engines sleep while the ranks step on their GPUs
+    )
+
+
+def _export(trainer: Any, model_path: str, tokenizer: Any, out: Path) -> Path:
+    """The trained model as a transformers checkpoint: from the trainer's model, or from a cluster
+    rank's published weights."""
+    if isinstance(trainer, Trainer):
+        return save_pretrained(trainer.model, tokenizer, out)
+    from agentrl.cluster import export_model  # a TrainerGroup: Ray is imported already
+
+    return export_model(trainer.inference_weights(), model_path, tokenizer, out)
 
 
 class _RaySession:

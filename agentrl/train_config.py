@@ -94,6 +94,49 @@ class CurriculumConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """Trainer ranks and inference engines as Ray actors: the ``cluster:`` section (docs/distributed.md).
+
+    Left out (``trainer_workers: 0``), the trainer runs in the ``agentrl train`` process and one engine
+    serves, as without Ray. See :mod:`agentrl.cluster`."""
+
+    trainer_workers: int = 0
+    """Trainer ranks (``torch.distributed`` processes: gloo on the CPU, NCCL on GPUs); 0: no cluster."""
+    engines: int = 1
+    """Inference engines (each a Ray actor) behind the router; each episode stays on one."""
+    placement: Literal["colocated", "disaggregated"] = "disaggregated"
+    """``disaggregated``: every rank and engine on resources of its own; ``colocated``: rank i and engine i share
+    a bundle (on GPUs one device, the engine sleeping while the ranks step; needs engines == trainer_workers)."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """``ddp``: each rank holds the model, gradients summed over ranks; ``fsdp``: FSDP2 ``fully_shard``, a shard each."""
+    trainer_resources: dict[str, float] = field(default_factory=dict)
+    """Ray resources of one rank (``{CPU: 1}``, plus ``GPU: 1`` with device cuda, when empty)."""
+    engine_resources: dict[str, float] = field(default_factory=dict)
+    """Ray resources of one engine (``{CPU: 1}``, plus ``GPU: 1`` for vLLM with device cuda, when empty)."""
+    address: str = "local"
+    """The Ray cluster: ``local`` starts one in this process; ``auto`` or ``HOST:PORT`` joins a running one."""
+    placement_timeout: float = 300.0
+    """Seconds to wait for Ray to find the resources before the run stops and says what was missing."""
+
+    def __post_init__(self) -> None:
+        if self.trainer_workers < 0 or self.engines < 1:
+            raise ValueError(
+                f"cluster.trainer_workers must be >= 0 (0: no cluster) and cluster.engines >= 1, "
+                f"got {self.trainer_workers} and {self.engines}."
+            )
+        if self.placement == "colocated" and self.trainer_workers and self.engines != self.trainer_workers:
+            raise ValueError(
+                f"cluster.placement colocated pairs engine i with rank i: cluster.engines ({self.engines}) must equal "
+                f"cluster.trainer_workers ({self.trainer_workers}), or use placement disaggregated."
+            )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run uses the cluster (``trainer_workers`` >= 1)."""
+        return self.trainer_workers > 0
+
+
+@dataclass
 class TrainConfig:
     """Settings of one training run. ``rollout`` and ``trainer`` are sections (``trainer.lr=1e-5``)."""
 
@@ -169,6 +212,8 @@ class TrainConfig:
     """The dashboard's port."""
     imports: list[str] = field(default_factory=list)
     """Python modules to import first (a user's package that registers envs)."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """Trainer ranks and inference engines as Ray actors (see ClusterConfig); left out: one process, one engine."""
 
     def trainer_settings(self, policy_id: str | None = None) -> TrainerConfig:
         """``trainer`` with what follows from the rest of the run filled in (a copy: the config is
@@ -253,6 +298,34 @@ class TrainConfig:
                 f"into trainer.mini_batches {self.trainer.mini_batches} equal parts."
             )
         self._check_policies()
+        self._check_cluster()
+
+    def _check_cluster(self) -> None:
+        """The ``cluster:`` rules that involve the rest of the run."""
+        cluster = self.cluster
+        if not cluster.enabled:
+            return
+        if self.groups_per_step < cluster.trainer_workers:
+            raise ValueError(
+                f"each of cluster.trainer_workers {cluster.trainer_workers} ranks trains on whole groups, but a batch "
+                f"has groups_per_step {self.groups_per_step}: raise groups_per_step or lower trainer_workers."
+            )
+        if self.rollout.backend == "openai":
+            raise ValueError(
+                "cluster.engines start inference engines (vllm or hf), but rollout.backend is openai (a server of your "
+                "own): set rollout.backend vllm or hf, or leave the cluster section out."
+            )
+        if self.rollout.ray_address is not None or self.policies or self.curriculum.selection == "pcl":
+            raise ValueError(
+                "the cluster section trains one policy with env episodes in this process: it cannot be combined "
+                "with rollout.ray_address, a multi-agent run's policies, or curriculum.selection pcl (yet). "
+                "Leave the cluster section out for those."
+            )
+        if cluster.placement == "colocated" and self.device == "cuda" and self.max_staleness != 0:
+            raise ValueError(
+                "cluster.placement colocated on GPUs puts the engines to sleep while the ranks step, so nothing can "
+                f"generate during a step: set max_staleness 0 (got {self.max_staleness}), or use placement disaggregated."
+            )
 
     def _check_policies(self) -> None:
         """The multi-agent rules that need no env: overrides name trainer fields, stages and

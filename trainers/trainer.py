@@ -20,9 +20,12 @@ bottom:
 Data parallel: with ``torch.distributed`` initialised, every process steps on its own share of the
 trajectories (whole groups); the counts the losses divide by and the gradients are summed over
 processes before the optimizer step, so N processes make exactly the update one process makes on
-the whole batch. The same code runs under FSDP on GPUs: wrap the model with
-``torch.distributed.fsdp.fully_shard`` before handing it over (the gradient all-reduce here is then
-skipped, FSDP reduce-scatters them itself).
+the whole batch. The same code runs under FSDP2: wrap the model's layers with
+``torch.distributed.fsdp.fully_shard`` (gradient divide factor 1) before handing it over; their
+gradients arrive reduce-scattered, and only the tensors left whole are all-reduced here
+(:mod:`agentrl.cluster` does this for ``strategy: fsdp``). Every process returns the whole batch's
+loss terms; counts and means of its own share are merged by the caller
+(:func:`agentrl.cluster.merge_rank_metrics`).
 """
 
 from __future__ import annotations
@@ -316,6 +319,9 @@ class Trainer:
         if self.value_model is not None and self.value_optimizer is not None:
             self._finish_gradients(self.value_model, self.value_optimizer)
             self.value_optimizer.step()
+        if _data_parallel():  # every process reports the whole mini-batch's loss terms
+            names = sorted(sums)
+            sums = dict(zip(names, _all_sum(torch.tensor([sums[n] for n in names], dtype=torch.float64)).tolist()))
         sums["train/grad_norm"] = grad_norm
         return sums, gaps
 
@@ -469,9 +475,12 @@ class Trainer:
     def _finish_gradients(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> float:
         """Sum gradients over data-parallel processes, then clip; returns the norm before clipping."""
         params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and not _is_fsdp(model):
+        if _data_parallel():  # FSDP has reduce-scattered its shards' gradients (DTensors) already
             for param in params:
-                dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
+                if not _sharded(param.grad):
+                    dist.all_reduce(param.grad, op=dist.ReduceOp.SUM)
+        if any(_sharded(p.grad) for p in params):
+            return _clip_sharded(params, self.config.max_grad_norm)
         if self.config.max_grad_norm > 0:
             return float(nn.utils.clip_grad_norm_(params, self.config.max_grad_norm))
         return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in params]))) if params else 0.0
@@ -549,14 +558,34 @@ def _schedule(config: TrainerConfig) -> Any:
     return factor
 
 
+def _data_parallel() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def _all_sum(tensor: torch.Tensor) -> torch.Tensor:
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if _data_parallel():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
-def _is_fsdp(model: nn.Module) -> bool:
-    return any(type(m).__name__.startswith("FSDP") for m in model.modules())
+def _sharded(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a shard of a whole one (an FSDP2 ``DTensor``)."""
+    return hasattr(tensor, "full_tensor")
+
+
+def _clip_sharded(params: list[nn.Parameter], max_norm: float) -> float:
+    """``clip_grad_norm_`` over gradients some of which are FSDP shards: each shard's norm is completed
+    over the ranks, the whole ones' taken as they are; returns the norm before clipping."""
+    norms = []
+    for param in params:
+        norm = torch.linalg.vector_norm(param.grad)
+        norms.append(norm.full_tensor() if _sharded(norm) else norm)
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    if max_norm > 0:
+        scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        for param in params:
+            param.grad.mul_(scale)
+    return float(total)
 
 
 def _stale_tokens(batch: Batch, version: int | None) -> torch.Tensor:

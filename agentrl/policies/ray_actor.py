@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -99,7 +99,8 @@ class PolicyActor:
         return PolicyRequests(self._received, self._cancelled, self._in_flight)
 
     async def update_weights(self, named_tensors: list[tuple[str, Any]]) -> int:
-        """Load new weights into the hosted policy; return its new version."""
+        """Load new weights into the hosted policy; return its new version. (Passed a
+        :class:`SharedWeights`' reference, Ray hands this method the tensors it refers to.)"""
         # Awaited, so that requests keep arriving meanwhile (hf's update runs in a thread).
         return int(await self.policy.aupdate_weights(named_tensors)) + self._offset
 
@@ -121,6 +122,15 @@ class PolicyActor:
     async def location(self) -> WorkerLocation:
         """The node and process this actor runs in."""
         return current_location()
+
+    async def sleep(self) -> None:
+        """Free the engine's device memory while a colocated trainer steps (vLLM's sleep mode, level 1:
+        weights offloaded to host memory, KV cache dropped; the engine needs ``enable_sleep_mode``)."""
+        await self.policy.sleep()  # type: ignore[attr-defined]
+
+    async def wake_up(self) -> None:
+        """Undo :meth:`sleep`."""
+        await self.policy.wake_up()  # type: ignore[attr-defined]
 
     async def close(self) -> None:
         """Free the engine (the actor stays up; ``ray.kill`` it to end it)."""
@@ -151,6 +161,26 @@ def start_policy_actor(
             if name is None or "already taken" not in str(e) or time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+class SharedWeights:
+    """Named tensors put once in Ray's object store, for several engines to fetch.
+
+    A :class:`RemotePolicy` passes the reference on, so each :class:`PolicyActor` fetches the
+    tensors from the store (from the node that put them) and the caller never holds them; iterating
+    fetches them here, so any other :class:`~agentrl.policies.Policy` takes it as it takes a list.
+    """
+
+    def __init__(self, ref: ray.ObjectRef):
+        self.ref = ref
+
+    @classmethod
+    def put(cls, named_tensors: Iterable[tuple[str, Any]]) -> SharedWeights:
+        """Put ``named_tensors`` in the object store (one copy, however many engines read it)."""
+        return cls(ray.put(list(named_tensors)))
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(ray.get(self.ref))
 
 
 class RemotePolicy:
@@ -196,15 +226,24 @@ class RemotePolicy:
         return generation
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
-        """Send new weights to the actor and wait for it to load them; return the new version."""
-        version = cast(int, ray.get(self.actor.update_weights.remote(list(named_tensors))))
+        """Send new weights to the actor and wait for it to load them; return the new version. A
+        :class:`SharedWeights` goes as its reference: the actor fetches the tensors from the store."""
+        version = cast(int, ray.get(self.actor.update_weights.remote(_payload(named_tensors))))
         self._version = version
         return version
 
     async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """:meth:`update_weights` without blocking the caller's event loop."""
-        self._version = int(await self.actor.update_weights.remote(list(named_tensors)))
+        self._version = int(await self.actor.update_weights.remote(_payload(named_tensors)))
         return self._version
+
+    async def sleep(self) -> None:
+        """:meth:`PolicyActor.sleep`."""
+        await self.actor.sleep.remote()
+
+    async def wake_up(self) -> None:
+        """:meth:`PolicyActor.wake_up`."""
+        await self.actor.wake_up.remote()
 
     def ping(self, timeout: float = 60.0) -> None:
         """Return if the actor and its engine are alive; raise Ray's ``RayActorError`` if the actor
@@ -236,3 +275,9 @@ class RemotePolicy:
             else:
                 await asyncio.sleep(0.5)
         return self.actor
+
+
+def _payload(named_tensors: Iterable[tuple[str, Any]]) -> Any:
+    """What an actor's ``update_weights`` is called with: a shared reference as it is (Ray resolves
+    it in the actor), else the tensors."""
+    return named_tensors.ref if isinstance(named_tensors, SharedWeights) else list(named_tensors)

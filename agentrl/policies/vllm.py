@@ -219,6 +219,16 @@ class VLLMPolicy:
                 await self._on_loop(self._push(path))
         return self._updated(changed, held)
 
+    async def sleep(self, level: int = 1) -> None:
+        """vLLM's sleep mode (the engine must be started with ``enable_sleep_mode=True``, on a GPU):
+        level 1 offloads the weights to host memory and drops the KV cache, freeing the device for a
+        colocated trainer; requests must not be running."""
+        await self._on_loop(self.engine.sleep(level))
+
+    async def wake_up(self) -> None:
+        """Undo :meth:`sleep`: weights back on the device, a fresh KV cache."""
+        await self._on_loop(self.engine.wake_up())
+
     def close(self) -> None:
         engine, self.engine = self.engine, None
         if engine is not None and self._loop.is_running():

@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from agentrl.policies.base import Sampling
+from agentrl.policies.router import episode_route
 from agentrl.rollout.buffer import TrajectoryBuffer
 from agentrl.rollout.stats import RolloutStats, add_episode
 from agentrl.types import Trajectory
@@ -282,7 +283,8 @@ class GroupScheduler(Generic[EnvT]):
     async def _play_one(self, task: EpisodeTask) -> list[Trajectory]:
         env = self._idle_envs.pop() if self._idle_envs else self.make_env()
         try:
-            episode = list(await self.play(env, task))
+            with episode_route():  # several engines (RouterPolicy): the episode's turns go to one
+                episode = list(await self.play(env, task))
         except BaseException:
             close_quietly(env)
             raise

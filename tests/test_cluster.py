@@ -1,0 +1,466 @@
+"""Scale-out on Ray (``cluster:``): trainer ranks as Ray actors, several engines behind the router.
+
+Fast tests check the router's rules (sticky episodes, least-loaded first, a dead engine's requests
+replayed, weights to every engine), the split of a batch into the ranks' shares and the merge of
+their metrics, and the config's rules. The slow ones run the real thing on the tiny model: ranks on a
+local Ray whose gradients must equal one process's on the whole batch (DDP and FSDP2), and whole
+``agentrl train`` runs of 2 ranks x 2 engines on a two-node loopback cluster: engine log-probs equal
+the trainer's after every sync (vLLM), an engine killed mid-run, a rank killed and the run resumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import agentrl
+from agentrl.config import ConfigError, load_config
+from agentrl.env import AgentEnv, Feedback
+from agentrl.faults import EngineLost
+from agentrl.policies import Generation, Sampling
+from agentrl.policies.base import EngineClosed
+from agentrl.policies.router import RouterPolicy, episode_route
+from agentrl.train import TrainConfig
+from agentrl.types import Message
+
+ray = pytest.importorskip("ray", reason="the cluster needs ray (pip install -e '.[cpu]')")
+
+from agentrl.cluster import TrainerGroup, merge_rank_metrics, shard_groups  # noqa: E402
+from ray_nodes import two_node_cluster  # noqa: E402
+
+ENV_ID = "tests/ClusterSayB-v0"
+OBJECT_STORE_BYTES = 300 * 1024**2
+
+
+class SayB(AgentEnv):
+    """Say b: the reward is the share of the letter b in the reply."""
+
+    def __init__(self, split: str = "train"):
+        super().__init__(max_turns=2)
+        self.split = split
+
+    def start(self, options: dict[str, Any] | None) -> list[Message]:
+        return [Message("user", f"Say {'b' * (1 + int(self.np_random.integers(3)))}")]
+
+    def respond(self, reply: Message) -> Feedback:
+        share = reply.content.count("b") / max(len(reply.content), 1)
+        return Feedback(
+            [Message("user", "again")], reward=share, terminated=self.turn >= 2, info={"success": share >= 0.5}
+        )
+
+
+if ENV_ID not in agentrl.registered_ids():
+    agentrl.register(ENV_ID, entry_point=SayB)
+
+
+# --- the router, without engines -----------------------------------------------------------------
+
+
+class FakeEngine:
+    """Stands for an engine in tests of the router's rules: answers after ``delay`` seconds with its own
+    index as the token, or raises ``EngineClosed`` (an engine death) once ``dead``."""
+
+    def __init__(self, index: int, delay: float = 0.01):
+        self.index, self.delay, self.dead = index, delay, False
+        self.tokenizer = None
+        self.version = 0
+        self.updates: list[Any] = []
+
+    async def generate(self, prompt_ids, sampling):
+        await asyncio.sleep(self.delay)
+        if self.dead:
+            raise EngineClosed(f"engine {self.index} is gone")
+        return Generation([self.index], [0.0], self.version, "stop")
+
+    async def aupdate_weights(self, named_tensors):
+        if self.dead:
+            raise EngineClosed(f"engine {self.index} is gone")
+        self.updates.append(named_tensors)
+        self.version += 1
+        return self.version
+
+    def close(self):
+        pass
+
+
+class SleepyEngine(FakeEngine):
+    """A fake engine that records when it was put to sleep and woken."""
+
+    def __init__(self):
+        super().__init__(0)
+        self.calls: list[str] = []
+        self.asleep_for = 0.0
+
+    async def sleep(self):
+        self.calls.append("sleep")
+        self._slept = time.perf_counter()
+
+    async def wake_up(self):
+        self.calls.append("wake_up")
+        self.asleep_for = time.perf_counter() - self._slept
+
+
+SAMPLING = Sampling(max_tokens=4)
+
+
+async def _episode(router: RouterPolicy, turns: int, between: Any = None) -> list[int]:
+    served = []
+    with episode_route():
+        for turn in range(turns):
+            served += (await router.generate([1, 2], SAMPLING)).token_ids
+            if between is not None:
+                await between(turn)
+    return served
+
+
+def test_each_episode_stays_on_one_engine_and_episodes_spread_by_load():
+    engines = [FakeEngine(i) for i in range(3)]
+    router = RouterPolicy(engines)
+
+    async def main():
+        return await asyncio.gather(*(_episode(router, turns=4) for _ in range(6)))
+
+    episodes = asyncio.run(main())
+    assert all(len(set(served)) == 1 for served in episodes)  # sticky: every turn on the first turn's engine
+    assert sorted(served[0] for served in episodes) == [0, 0, 1, 1, 2, 2]  # fewest outstanding first
+    assert router.metrics()["fault/engines_lost"] == 0
+
+
+def test_a_dead_engines_requests_are_replayed_on_the_others_and_counted():
+    engines = [FakeEngine(0), FakeEngine(1)]
+    router = RouterPolicy(engines)
+
+    async def kill_engine_0(turn):
+        if turn == 0:
+            engines[0].dead = True
+
+    async def main():
+        return await asyncio.gather(_episode(router, 3, kill_engine_0), _episode(router, 3))
+
+    first, second = asyncio.run(main())
+    assert first == [0, 1, 1]  # its next turns went to engine 1, which served the rest
+    assert second == [1, 1, 1]
+    metrics = router.metrics()
+    assert metrics["fault/engines_lost"] == 1 and metrics["fault/replayed_requests"] == 1
+    assert router.live == [1]
+
+
+def test_the_last_engine_dying_ends_the_run_with_engine_lost():
+    engines = [FakeEngine(0)]
+    engines[0].dead = True
+    with pytest.raises(EngineLost, match="all 1 inference engines"):
+        asyncio.run(RouterPolicy(engines).generate([1], SAMPLING))
+
+
+def test_weights_go_to_every_live_engine_once_read():
+    engines = [FakeEngine(0), FakeEngine(1), FakeEngine(2)]
+    router = RouterPolicy(engines)
+    engines[2].dead = True
+    tensors = [("w", torch.ones(2))]
+    version = asyncio.run(router.aupdate_weights(iter(tensors)))  # a generator is read once, for all
+    assert version == 1 == router.version
+    assert engines[0].updates == engines[1].updates == [tensors]
+    assert router.live == [0, 1]
+
+
+def test_engines_that_disagree_on_the_version_are_an_error():
+    engines = [FakeEngine(0), FakeEngine(1)]
+    engines[1].version = 5
+    with pytest.raises(RuntimeError, match="different versions"):
+        asyncio.run(RouterPolicy(engines).aupdate_weights([]))
+
+
+# --- shares and metrics --------------------------------------------------------------------------
+
+
+def _trajectory(group: str, length: int) -> Any:
+    from agentrl.types import Trajectory
+
+    return Trajectory(
+        token_ids=[1] * length,
+        prompt_length=1,
+        loss_mask=[0] + [1] * (length - 1),
+        logprobs=[0.0] * length,
+        versions=[-1] + [0] * (length - 1),
+        group_id=group,
+    )
+
+
+def test_a_batch_splits_into_whole_groups_balanced_by_tokens():
+    batch = [_trajectory(g, n) for g, n in [("a", 30), ("a", 30), ("b", 10), ("b", 10), ("c", 12), ("c", 12)]]
+    shares = shard_groups(batch, 2)
+    assert shares == [[0, 1], [2, 3, 4, 5]]  # 60 tokens against 44: group a alone, b and c together
+    with pytest.raises(ValueError, match="raise groups_per_step"):
+        shard_groups(batch, 4)
+
+
+def test_rank_metrics_merge_into_the_batchs():
+    ranks = [
+        {"train/loss": 0.5, "train/trajectories": 2.0, "train/reward_mean": 1.0, "train/generated_tokens": 10.0,
+         "train/advantage_mean": 0.0, "train/behaviour_version_min": 3.0, "perf/time_train": 1.0},
+        {"train/loss": 0.5, "train/trajectories": 6.0, "train/reward_mean": 0.0, "train/generated_tokens": 30.0,
+         "train/advantage_mean": 1.0, "train/behaviour_version_min": 2.0, "perf/time_train": 2.0},
+    ]  # fmt: skip
+    merged = merge_rank_metrics(ranks)
+    assert merged["train/loss"] == 0.5  # already the batch's on every rank
+    assert merged["train/trajectories"] == 8.0 and merged["train/generated_tokens"] == 40.0
+    assert merged["train/reward_mean"] == pytest.approx(0.25)
+    assert merged["train/advantage_mean"] == pytest.approx(0.75)
+    assert merged["train/behaviour_version_min"] == 2.0 and merged["perf/time_train"] == 2.0
+
+
+# --- the config ----------------------------------------------------------------------------------
+
+
+def _config(model_dir: Path, run_dir: Path, *overrides: str) -> TrainConfig:
+    return load_config(
+        TrainConfig,
+        None,
+        [
+            f"rollout.env_id={ENV_ID}",
+            f"rollout.model={model_dir}",
+            "rollout.backend=hf",
+            "rollout.group_size=4",
+            "rollout.max_tokens=8",
+            "rollout.max_length=256",
+            "trainer.lr=1e-2",
+            "trainer.micro_batch_size=4",
+            "groups_per_step=2",
+            "steps=3",
+            "eval_episodes=0",
+            "checkpoint_every=0",
+            "export=false",
+            "torch_threads=1",
+            f"run_dir={run_dir}",
+            *overrides,
+        ],
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["cluster.trainer_workers=3"], "raise groups_per_step"),
+        (["cluster.trainer_workers=2", "cluster.engines=0"], "cluster.engines >= 1"),
+        (["cluster.trainer_workers=2", "cluster.placement=colocated", "cluster.engines=1"], "must equal"),
+        (["cluster.trainer_workers=1", "rollout.backend=openai"], "rollout.backend is openai"),
+        (["cluster.trainer_workers=1", "rollout.ray_address=local"], "cannot be combined"),
+        (
+            ["cluster.trainer_workers=1", "cluster.placement=colocated", "device=cuda", "max_staleness=1"],
+            "set max_staleness 0",
+        ),
+        (["cluster.placement=nearby"], "nearby"),
+    ],
+)
+def test_a_bad_cluster_section_says_what_to_change(tmp_path, overrides, message):
+    with pytest.raises((ValueError, ConfigError), match=message):
+        _config(tmp_path / "model", tmp_path / "run", *overrides)
+
+
+# --- ranks on a local Ray -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.shutdown()
+    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def batch(tiny_model_dir):
+    """16 real trajectories (4 groups of 4, two turns each) played by the tiny model."""
+    from agentrl.build import build_engine
+    from agentrl.policies.hf import HFPolicy
+
+    torch.set_num_threads(1)
+    policy = HFPolicy(str(tiny_model_dir))
+    engine = build_engine(ENV_ID, policy, sampling=Sampling(max_tokens=8), group_size=4)
+    played = asyncio.run(engine.collect(4))
+    policy.close()
+    assert all(t.error is None for t in played)
+    return sorted(played, key=lambda t: t.group_id)
+
+
+def _local_trainer(model_dir, config):
+    from agentrl.build import build_trainer, load_tokenizer
+
+    torch.manual_seed(0)
+    return build_trainer(str(model_dir), config, load_tokenizer(str(model_dir)))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_make_the_update_one_process_makes_on_the_whole_batch(local_ray, tiny_model_dir, batch, strategy):
+    from agentrl.trainers import TrainerConfig
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    config = TrainerConfig(lr=1e-3, micro_batch_size=4, max_grad_norm=0.0, trainable_layers=1)
+    group = placement_group([{"CPU": 1}, {"CPU": 1}])
+    ray.get(group.ready())
+    ranks = TrainerGroup.start(
+        str(tiny_model_dir), config, bundles=[(group, 0), (group, 1)], resources={"CPU": 1}, device="cpu",
+        dtype="float32", strategy=strategy, torch_threads=1, seed=0, name=f"grads-{strategy}",
+    )  # fmt: skip
+    engine = SleepyEngine()
+    ranks.colocated_engines = RouterPolicy([engine])  # as on GPUs: the engines sleep while the ranks step
+    try:
+        metrics = ranks.step(batch, version=0)
+        grads = ranks.gradients()
+        weights = dict(ranks.inference_weights())
+        state = ranks.state_dict()
+    finally:
+        ranks.close()
+        remove_placement_group(group)
+    single = _local_trainer(tiny_model_dir, config)
+    expected = single.step(batch, version=0)
+    reference = {n: p.grad for n, p in single.model.named_parameters() if p.grad is not None}
+    for rank_grads in grads:  # every rank holds the gradients of the whole batch
+        assert rank_grads.keys() == reference.keys()
+        for name, grad in reference.items():
+            torch.testing.assert_close(rank_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+    for name in ("train/loss", "train/grad_norm", "train/trajectories", "train/generated_tokens", "train/reward_mean"):
+        assert metrics[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-7), name
+    trained = dict(single.inference_weights())
+    assert weights.keys() == trained.keys()
+    for name, tensor in trained.items():  # what the engines get: the whole model (gathered from shards)
+        torch.testing.assert_close(weights[name], tensor, atol=2e-3, rtol=0, msg=name)  # Adam: up to 2 lr apart
+    assert engine.calls == ["sleep", "wake_up"] and engine.asleep_for > 0.5 * metrics["perf/time_train"]
+    assert len(state["rank_rng"]) == 2 and state["step"] == 1
+    assert state["model"].keys() == single.state_dict()["model"].keys()
+
+
+# --- whole runs on two nodes ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """Two loopback nodes of 2 CPUs each: room for 2 ranks and 2 engines of one CPU each."""
+    ray.shutdown()  # the local one of the tests above, if any
+    with two_node_cluster(OBJECT_STORE_BYTES) as cluster:
+        yield cluster
+
+
+def _cluster_config(model_dir: Path, run_dir: Path, *overrides: str) -> TrainConfig:
+    return _config(model_dir, run_dir, "cluster.trainer_workers=2", "cluster.engines=2", *overrides)
+
+
+def _named(suffix: str) -> Any:
+    """The one actor of the run whose name ends with ``suffix`` (``-rank-1``, ``-engine-0``)."""
+    names = [n for n in ray.util.list_named_actors() if n.endswith(suffix)]
+    assert len(names) == 1, names
+    return ray.get_actor(names[0])
+
+
+def _steps(run_dir: Path) -> list[dict[str, float]]:
+    from agentrl.metrics import read_metrics
+
+    return [m for m in read_metrics(run_dir) if "train/loss" in m]
+
+
+def _trained_groups(run_dir: Path) -> list[int]:
+    """The groups each step trained on (a step re-done after a resume: its last record), in step order."""
+    by_step = {}
+    for line in (run_dir / "batches.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        by_step[record["step"]] = record["groups"]
+    return [g for step in sorted(by_step) for g in by_step[step]]
+
+
+@pytest.mark.slow
+class TestTwoNodes:
+    def test_two_ranks_and_two_vllm_engines_agree_after_every_sync(self, two_nodes, tiny_model_dir, tmp_path):
+        from agentrl.train import train
+        from transformers import AutoModelForCausalLM
+
+        config = _cluster_config(
+            tiny_model_dir, tmp_path / "run", "rollout.backend=vllm", "steps=3", "export=true", "max_staleness=0"
+        )
+        result = train(config)
+
+        steps = _steps(result.run_dir)
+        assert [m["step"] for m in steps] == [1, 2, 3]
+        # at staleness 0 every token was sampled by the weights being trained, on one engine or the other
+        assert all(m["train/engine_logprob_gap"] <= 1e-4 for m in steps), [m["train/engine_logprob_gap"] for m in steps]
+        assert all(m["train/trajectories"] == 8 for m in steps)
+        last = steps[-1]
+        assert last["perf/engine_share_min"] > 0.25 and last["fault/engines_lost"] == 0  # both engines served
+        assert last["train/policy_version"] == 3
+        exported = AutoModelForCausalLM.from_pretrained(result.model_dir)
+        assert exported.config.num_hidden_layers > 0
+
+    def test_a_killed_engine_is_replaced_by_the_other_and_every_group_is_trained(
+        self, two_nodes, tiny_model_dir, tmp_path
+    ):
+        from agentrl.controller import Progress
+        from agentrl.train import train
+
+        def kill_engine_0(info: dict[str, Any]) -> None:
+            if info.get("step", 0) >= 1 and not killed:
+                killed.append(True)
+                ray.kill(_named("-engine-0"))
+
+        killed: list[bool] = []
+        config = _cluster_config(tiny_model_dir, tmp_path / "run", "steps=4", "max_staleness=1")
+        progress = Progress(on_advance=lambda info: kill_engine_0({"step": len(_steps(tmp_path / "run"))}))
+        result = train(config, progress)
+
+        assert killed and result.steps == 4
+        trained = _trained_groups(result.run_dir)
+        assert len(trained) == len(set(trained)) == 8  # no group trained twice, none missing from a batch
+        last = _steps(result.run_dir)[-1]
+        assert last["fault/engines_lost"] == 1 and last["perf/engine_share_min"] > 0  # both served
+        assert sum(m["rollout/failed"] for m in _steps(result.run_dir)) == 0  # requests replayed, not failed
+
+    def test_a_killed_rank_stops_the_run_which_resumes_without_losing_or_repeating_a_batch(
+        self, two_nodes, tiny_model_dir, tmp_path
+    ):
+        from agentrl.controller import Progress
+        from agentrl.faults import RunFailed
+        from agentrl.train import train
+
+        run_dir = tmp_path / "run"
+        config = _cluster_config(tiny_model_dir, run_dir, "steps=3", "checkpoint_every=1", "max_staleness=0")
+
+        def kill_rank_1(info: dict[str, Any]) -> None:
+            if len(_steps(run_dir)) == 1:
+                ray.kill(_named("-rank-1"))
+
+        with pytest.raises(RunFailed, match="trainer rank 1 of 2 died"):
+            train(config, Progress(on_advance=kill_rank_1))
+        assert [m["step"] for m in _steps(run_dir)] == [1]
+        assert not [n for n in ray.util.list_named_actors() if "-rank-" in n]  # the other rank was stopped too
+
+        result = train(config)  # resume: true (the default) continues from step 1's checkpoint
+        assert result.steps == 3
+        assert _trained_groups(run_dir) == [0, 1, 2, 3, 4, 5]  # every batch once, in order
+        assert [m["step"] for m in _steps(run_dir)] == [1, 2, 3]
+
+    def test_colocated_ranks_and_engines_share_their_bundles_nodes(self, two_nodes, tiny_model_dir):
+        from agentrl.cluster import start_cluster
+        from agentrl.config import EngineConfig
+        from agentrl.trainers import TrainerConfig
+        from agentrl.train_config import ClusterConfig
+
+        cluster = start_cluster(
+            ClusterConfig(trainer_workers=2, engines=2, placement="colocated"),
+            EngineConfig(model=str(tiny_model_dir), backend="hf"),
+            TrainerConfig(),
+            str(tiny_model_dir),
+            device="cpu",
+            torch_threads=1,
+            sleep=False,
+        )
+        try:
+            ranks = [location.node_id for location in cluster.trainer.locations()]
+            engines = [ray.get(e.actor.location.remote()).node_id for e in cluster.policy.engines]
+        finally:
+            cluster.close()
+        assert ranks == engines  # engine i on rank i's node (a bundle of 2 CPUs: one node of the two)
