@@ -31,8 +31,9 @@ from agentrl.types import Message
 
 ray = pytest.importorskip("ray", reason="the cluster needs ray (pip install -e '.[cpu]')")
 
-from agentrl.cluster import TrainerGroup, merge_rank_metrics, shard_groups  # noqa: E402
 from ray_nodes import two_node_cluster  # noqa: E402
+
+from agentrl.cluster import TrainerGroup, merge_rank_metrics, shard_groups  # noqa: E402
 
 ENV_ID = "tests/ClusterSayB-v0"
 OBJECT_STORE_BYTES = 300 * 1024**2
@@ -299,8 +300,9 @@ def _local_trainer(model_dir, config):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_make_the_update_one_process_makes_on_the_whole_batch(local_ray, tiny_model_dir, batch, strategy):
-    from agentrl.trainers import TrainerConfig
     from ray.util.placement_group import placement_group, remove_placement_group
+
+    from agentrl.trainers import TrainerConfig
 
     config = TrainerConfig(lr=1e-3, micro_batch_size=4, max_grad_norm=0.0, trainable_layers=1)
     group = placement_group([{"CPU": 1}, {"CPU": 1}])
@@ -377,8 +379,9 @@ def _trained_groups(run_dir: Path) -> list[int]:
 @pytest.mark.slow
 class TestTwoNodes:
     def test_two_ranks_and_two_vllm_engines_agree_after_every_sync(self, two_nodes, tiny_model_dir, tmp_path):
-        from agentrl.train import train
         from transformers import AutoModelForCausalLM
+
+        from agentrl.train import train
 
         config = _cluster_config(
             tiny_model_dir, tmp_path / "run", "rollout.backend=vllm", "steps=3", "export=true", "max_staleness=0"
@@ -446,8 +449,8 @@ class TestTwoNodes:
     def test_colocated_ranks_and_engines_share_their_bundles_nodes(self, two_nodes, tiny_model_dir):
         from agentrl.cluster import start_cluster
         from agentrl.config import EngineConfig
-        from agentrl.trainers import TrainerConfig
         from agentrl.train_config import ClusterConfig
+        from agentrl.trainers import TrainerConfig
 
         cluster = start_cluster(
             ClusterConfig(trainer_workers=2, engines=2, placement="colocated"),
