@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
 import socket
 import uuid
 from collections.abc import Sequence
@@ -448,6 +449,8 @@ def start_cluster(
     options = policy_options(rollout)
     if sleep:
         options["enable_sleep_mode"] = True
+    cpu_vllm = rollout.backend == "vllm" and not gpu
+    cores = engine_cores(group, engine_bundles) if cpu_vllm else [None] * len(engine_bundles)
     engines = []
     try:
         actors = [
@@ -456,6 +459,7 @@ def start_cluster(
                 num_cpus=engine_needs.get("CPU", 1),
                 num_gpus=engine_needs.get("GPU", 0),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=b),
+                runtime_env={"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": cores[i]}} if cores[i] else None,
             ).remote(rollout.backend, model_path, options)
             for i, b in enumerate(engine_bundles)
         ]
@@ -485,6 +489,33 @@ def start_cluster(
     if sleep:
         ranks.colocated_engines = router
     return Cluster(ranks, router, group, own_ray)
+
+
+def engine_cores(group: PlacementGroup, engine_bundles: Sequence[int]) -> list[str | None]:
+    """Per engine, the cores its CPU vLLM worker binds to (``VLLM_CPU_OMP_THREADS_BIND``), or None.
+
+    Left alone, every CPU vLLM worker binds its threads to the same cores of its node (the first
+    NUMA node's, less one kept for the scheduler), so engines that share a node would share those
+    cores while the rest idle. Engines that share a node split its CPUs instead (Ray's ``CPU``
+    count, ids from 0), one range each; more engines than CPUs take one CPU each, round robin. A
+    ``VLLM_CPU_OMP_THREADS_BIND`` set by the user wins (None here).
+    """
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
+        return [None] * len(engine_bundles)
+    node_of = ray.util.placement_group_table(group)["bundles_to_node_id"]
+    cpus = {node["NodeID"]: int(node["Resources"].get("CPU", 1)) for node in ray.nodes() if node["Alive"]}
+    sharing: dict[str, list[int]] = {}
+    for i, bundle in enumerate(engine_bundles):
+        sharing.setdefault(node_of[bundle], []).append(i)
+    cores: list[str | None] = [None] * len(engine_bundles)
+    for node, engines in sharing.items():
+        if len(engines) == 1:
+            continue  # alone on its node: vLLM's own binding
+        n, total = len(engines), max(1, cpus.get(node, 1))
+        for k, i in enumerate(engines):
+            first, last = k * total // n, (k + 1) * total // n - 1
+            cores[i] = str(k % total) if n > total else f"{first}-{last}"
+    return cores
 
 
 def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:

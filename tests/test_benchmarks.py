@@ -255,3 +255,16 @@ def test_e2e_vs_trl_quick_run_trains_both_sides_on_the_same_groups(capsys):
     out = capsys.readouterr().out
     assert "trained groups: the same" in out and "TRL's prompt and tool-result tokens: the same as agentrl's" in out
     assert re.search(r"^agentrl\s+[\d.]+", out, re.MULTILINE) and re.search(r"^TRL\s+[\d.]+", out, re.MULTILINE)
+
+
+@pytest.mark.slow
+def test_scale_out_quick_run_prints_its_three_tables(capsys):
+    """A local Ray with the tiny model: 1 and 2 hf engines, 1 and 2 DDP ranks, weight syncs (about a minute)."""
+    head = (BENCHMARKS / "scale_out.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/scale_out.py --quick") for line in head)
+    assert load("scale_out").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    for row in ("1 engine(s)", "2 engine(s)", "scaling efficiency", "1 rank(s)", "2 rank(s)", "speed-up with 2 ranks"):
+        assert row in out
+    syncs = re.findall(r"^  (tiny|layers-1) +[0-9.]+ +([12]) ", out, flags=re.M)
+    assert sorted(syncs) == [("layers-1", "1"), ("layers-1", "2"), ("tiny", "1"), ("tiny", "2")]

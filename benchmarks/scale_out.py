@@ -1,0 +1,251 @@
+"""Scale-out on Ray (``cluster:``): rollouts on 1 and 2 engines, trainer steps on 1 and 2 ranks, weight syncs.
+
+    python benchmarks/scale_out.py --quick       # the tiny model, hf engines: a smoke run (the test suite's)
+    python benchmarks/scale_out.py               # the default model (SmolLM2-135M) on vLLM, the main job's settings
+
+Three tables, each side by side in one run on a local Ray (or ``RAY_ADDRESS``'s cluster):
+
+1. **Rollout**: ``--groups`` groups of the train split of ``--config`` played through the router on 1
+   engine and then on 2 (Ray actors placed as ``agentrl train`` places them: CPU vLLM engines on one
+   node get disjoint cores); generated tokens/s and the scaling efficiency (tokens/s with 2 over
+   twice that with 1).
+2. **Trainer step**: the same batch (the groups just played, whole groups) stepped by 1 rank and by
+   2 ranks (``TrainerGroup``, DDP, one torch thread each); seconds a step (median of ``--steps`` after
+   a warm-up step) and the speed-up.
+3. **Weight sync**: rank 0 puts the weights in the object store once and every engine loads them
+   (``RouterPolicy.aupdate_weights``), for the model and for copies of it cut to its first
+   ``--layers`` decoder layers, on 1 and 2 engines: seconds and MB/s.
+
+Each actor asks Ray for half a CPU (a 2-core machine holds two engines and a rank at once), or
+``--gpu-share`` of a GPU with ``--device cuda``. On a 2-core machine the engines, the ranks and the
+driver share the same two cores: the figures say what the machinery costs and how it scales when the
+cores are there, not what more hardware gives (``benchmarks/gpu_check.sh`` runs this on GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _needs(device: str, gpu_share: float) -> dict[str, float]:
+    """What each engine and rank asks Ray for: half a CPU (so that a 2-core machine holds the
+    largest set alive at once, two engines and a rank), or a share of a GPU."""
+    return {"CPU": 0.5, **({"GPU": gpu_share} if device == "cuda" else {})}
+
+
+def _engines(n: int, config: Any, model: str, needs: dict[str, float]) -> tuple[Any, Any]:
+    """A router over ``n`` engine actors placed as ``agentrl train`` places them; and their placement group."""
+    from agentrl.build import load_tokenizer, policy_options
+    from agentrl.cluster import engine_cores
+    from agentrl.policies.ray_actor import PolicyActor, RemotePolicy
+    from agentrl.policies.router import RouterPolicy
+
+    group = placement_group([needs] * n, strategy="PACK")
+    ray.get(group.ready())
+    backend = config.rollout.backend
+    cores = engine_cores(group, range(n)) if backend == "vllm" and "GPU" not in needs else [None] * n
+    actors = [
+        PolicyActor.options(  # type: ignore[attr-defined]
+            num_cpus=needs["CPU"],
+            num_gpus=needs.get("GPU", 0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+            runtime_env={"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": cores[i]}} if cores[i] else None,
+        ).remote(backend, model, policy_options(config.rollout))
+        for i in range(n)
+    ]
+    ray.get([a.ping.remote() for a in actors])
+    tokenizer = load_tokenizer(model)
+    return RouterPolicy([RemotePolicy(a, tokenizer, owns_actor=True) for a in actors]), group
+
+
+def rollout(config: Any, router: Any, groups: int) -> tuple[dict[str, float], list[Any]]:
+    """``groups`` groups of the train split played through ``router``; the figures and the trajectories."""
+    from agentrl.build import build_engine, engine_settings
+
+    engine = build_engine(
+        config.rollout.env_id, router, env_kwargs={"split": "train"}, **engine_settings(config.rollout)
+    )
+    asyncio.run(engine.collect(1))  # first-call costs out of the timing
+    started = time.perf_counter()
+    trajectories = asyncio.run(engine.collect(groups))
+    seconds = time.perf_counter() - started
+    engine.close()
+    generated = sum(t.num_generated for t in trajectories)
+    return {"seconds": seconds, "generated": generated, "tokens_per_s": generated / seconds}, trajectories
+
+
+def start_ranks(config: Any, model: str, ranks: int, needs: dict[str, float], device: str) -> tuple[Any, Any]:
+    """A :class:`~agentrl.cluster.TrainerGroup` of ``ranks`` DDP ranks (one torch thread each); its placement group."""
+    from agentrl.cluster import TrainerGroup
+
+    group = placement_group([needs] * ranks, strategy="PACK")
+    ray.get(group.ready())
+    trainer = TrainerGroup.start(
+        model,
+        config.trainer_settings(),
+        bundles=[(group, i) for i in range(ranks)],
+        resources=needs,
+        device=device,
+        dtype=config.rollout.dtype,
+        strategy="ddp",
+        torch_threads=1,
+        seed=0,
+        name=f"bench-{ranks}-{time.monotonic_ns()}",
+    )
+    return trainer, group
+
+
+def step_seconds(trainer: Any, batch: list[Any], steps: int) -> float:
+    """Median seconds of ``steps`` steps on ``batch`` after a warm-up step."""
+    trainer.step(batch, version=0)
+    times = []
+    for _ in range(steps):
+        started = time.perf_counter()
+        trainer.step(batch, version=0)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def sync(router: Any, trainer: Any, repeats: int) -> tuple[float, float]:
+    """Median seconds of publishing ``trainer``'s weights once and loading them into every engine; the MB sent."""
+    megabytes = sum(t.numel() * t.element_size() for _, t in trainer.inference_weights()) / 1e6
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        asyncio.run(router.aupdate_weights(trainer.inference_weights()))
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), megabytes
+
+
+def cut_model(model: str, layers: int, out: Path) -> str:
+    """A copy of ``model`` with its first ``layers`` decoder layers (same shapes, its weights), for sync sizes."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    full = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)
+    full.model.layers = full.model.layers[:layers]
+    full.config.num_hidden_layers = layers
+    full.save_pretrained(out)
+    AutoTokenizer.from_pretrained(model).save_pretrained(out)
+    return str(out)
+
+
+def _close(*parts: Any) -> None:
+    """Close routers and trainer groups, then remove the placement groups among ``parts``."""
+    for part in parts:
+        if isinstance(part, PlacementGroup):
+            remove_placement_group(part)
+        else:
+            part.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="examples/quickstart.yaml")
+    parser.add_argument("--groups", type=int, default=8, help="groups played per engine count")
+    parser.add_argument("--steps", type=int, default=3, help="timed trainer steps (and syncs) per count")
+    parser.add_argument("--layers", default="10,20", help="decoder layers of the cut copies for the sync table")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--gpu-share", type=float, default=1.0, help="GPUs per engine and per rank (cuda)")
+    parser.add_argument("--ranks", default="1,2", help="rank counts of the trainer-step table (2 ranks need 2 GPUs)")
+    parser.add_argument("--quick", action="store_true", help="the tiny model on hf engines, 2 groups, 1 step")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    args = parser.parse_args(argv)
+
+    from agentrl.config import load_config
+    from agentrl.model_paths import resolve_model
+    from agentrl.train import TrainConfig
+
+    work = Path(tempfile.mkdtemp(prefix="scale-out-"))
+    overrides = [f"device={args.device}", *args.overrides]
+    if args.quick:
+        from agentrl.testing import build_tiny_model
+
+        model = str(build_tiny_model(work / "tiny"))
+        overrides += [
+            f"rollout.model={model}",
+            "rollout.backend=hf",
+            "rollout.max_tokens=8",
+            "trainer.trainable_layers=0",
+        ]
+        args.groups, args.steps, args.layers = 2, 1, "1"
+    config = load_config(TrainConfig, args.config, overrides)
+    model = resolve_model(config.rollout.model)
+    needs = _needs(args.device, args.gpu_share)
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    own_ray = not ray.is_initialized()
+    if own_ray:
+        ray.init(address=os.environ.get("RAY_ADDRESS", "local"), include_dashboard=False)
+    played: dict[int, dict[str, float]] = {}
+    steps: dict[int, float] = {}
+    syncs: dict[tuple[str, int], tuple[float, float]] = {}
+    batch: list[Any] = []
+    try:
+        print(
+            f"model {model}, backend {config.rollout.backend}, {os.cpu_count()} CPUs, device {args.device}", flush=True
+        )
+        one_rank = start_ranks(config, model, 1, needs, args.device)
+        for engines in (1, 2):
+            router = _engines(engines, config, model, needs)
+            played[engines], trajectories = rollout(config, router[0], args.groups)
+            batch = batch or trajectories
+            syncs[(model, engines)] = sync(router[0], one_rank[0], args.steps)
+            _close(*router)
+            print(f"  played and synced on {engines} engine(s)", flush=True)
+        per_step = 2 * config.rollout.group_size  # whole groups, an even number of them (one share per rank)
+        batch = batch[: per_step * max(1, len(batch) // per_step)]
+        steps[1] = step_seconds(one_rank[0], batch, args.steps)
+        _close(*one_rank)
+        for ranks in [int(n) for n in args.ranks.split(",") if int(n) > 1]:
+            group = start_ranks(config, model, ranks, needs, args.device)
+            steps[ranks] = step_seconds(group[0], batch, args.steps)
+            _close(*group)
+        print(f"  stepped on {', '.join(map(str, steps))} rank(s)", flush=True)
+        for layers in [int(n) for n in args.layers.split(",") if n]:
+            cut = cut_model(model, layers, work / f"layers-{layers}")
+            ranks = start_ranks(config, cut, 1, needs, args.device)
+            for engines in (1, 2):
+                router = _engines(engines, config, cut, needs)
+                syncs[(cut, engines)] = sync(router[0], ranks[0], args.steps)
+                _close(*router)
+            _close(*ranks)
+    finally:
+        if own_ray:
+            ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+
+    print("\nrollout            seconds  generated  tokens/s")
+    for engines, row in played.items():
+        print(f"  {engines} engine(s)      {row['seconds']:7.1f}  {row['generated']:9.0f}  {row['tokens_per_s']:8.1f}")
+    efficiency = played[2]["tokens_per_s"] / (2 * played[1]["tokens_per_s"])
+    print(f"  scaling efficiency (2 engines / twice 1): {efficiency:.0%}")
+    print(f"\ntrainer step ({len(batch)} trajectories)   seconds")
+    for ranks, seconds in steps.items():
+        print(f"  {ranks} rank(s)                     {seconds:7.2f}")
+    for ranks in [r for r in steps if r > 1]:
+        print(f"  speed-up with {ranks} ranks: {steps[1] / steps[ranks]:.2f}x")
+    print("\nweight sync                       MB  engines  seconds    MB/s")
+    for (path, engines), (seconds, megabytes) in syncs.items():
+        print(
+            f"  {Path(path).name[:28]:28s} {megabytes:7.1f}  {engines:7d}  {seconds:7.2f}  {megabytes / seconds:6.0f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
