@@ -33,7 +33,7 @@ ray = pytest.importorskip("ray", reason="the cluster needs ray (pip install -e '
 
 from ray_nodes import two_node_cluster  # noqa: E402
 
-from agentrl.cluster import TrainerGroup, merge_rank_metrics, shard_groups  # noqa: E402
+from agentrl.cluster import TrainerGroup, engine_cores, merge_rank_metrics, shard_groups  # noqa: E402
 
 ENV_ID = "tests/ClusterSayB-v0"
 OBJECT_STORE_BYTES = 300 * 1024**2
@@ -199,6 +199,18 @@ def test_a_batch_splits_into_whole_groups_balanced_by_tokens():
     assert shares == [[0, 1], [2, 3, 4, 5]]  # 60 tokens against 44: group a alone, b and c together
     with pytest.raises(ValueError, match="raise groups_per_step"):
         shard_groups(batch, 4)
+
+
+def test_cpu_engines_sharing_a_node_get_disjoint_cores(monkeypatch):
+    """Node a (4 CPUs) holds engines 0 and 2, node b (2 CPUs) engine 1 alone, node c (2 CPUs) three."""
+    bundles = {0: "a", 1: "b", 2: "a", 3: "c", 4: "c", 5: "c"}
+    nodes = [{"NodeID": n, "Alive": True, "Resources": {"CPU": c}} for n, c in [("a", 4.0), ("b", 2.0), ("c", 2.0)]]
+    monkeypatch.setattr(ray.util, "placement_group_table", lambda group: {"bundles_to_node_id": bundles})
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    assert engine_cores(None, range(6)) == ["0-1", None, "2-3", "0", "1", "0"]  # alone: vLLM's own binding
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "3")  # the user's choice wins
+    assert engine_cores(None, range(6)) == [None] * 6
 
 
 def test_rank_metrics_merge_into_the_batchs():
