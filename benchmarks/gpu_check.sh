@@ -53,10 +53,10 @@ python -c "from agentrl.model_paths import resolve_model; print(resolve_model('d
 
 if [ -n "${QUICK:-}" ]; then
     STEPS=(steps=4 eval_episodes=32)
-    GROUPS=4
+    EPISODE_GROUPS=4
 else
     STEPS=()
-    GROUPS=16
+    EPISODE_GROUPS=16
 fi
 
 part main-job agentrl train examples/quickstart.yaml device=cuda run_dir="$OUT/quickstart" "${STEPS[@]}"
@@ -76,7 +76,7 @@ if [ "$GPUS" -ge 2 ]; then
 else
     SCALE=(--gpu-share 0.3 --ranks 1 rollout.gpu_memory_utilization=0.25)
 fi
-part scale-out python benchmarks/scale_out.py --device cuda --groups "$GROUPS" "${SCALE[@]}"
+part scale-out python benchmarks/scale_out.py --device cuda --groups "$EPISODE_GROUPS" "${SCALE[@]}"
 sed -n '/^rollout /,$p' "$OUT/scale-out.log"
 
 section "summary"
