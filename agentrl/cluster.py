@@ -449,20 +449,9 @@ def start_cluster(
     options = policy_options(rollout)
     if sleep:
         options["enable_sleep_mode"] = True
-    cpu_vllm = rollout.backend == "vllm" and not gpu
-    cores = engine_cores(group, engine_bundles) if cpu_vllm else [None] * len(engine_bundles)
     engines = []
     try:
-        actors = [
-            PolicyActor.options(  # type: ignore[attr-defined]
-                name=f"{name}-engine-{i}",
-                num_cpus=engine_needs.get("CPU", 1),
-                num_gpus=engine_needs.get("GPU", 0),
-                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=b),
-                runtime_env={"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": cores[i]}} if cores[i] else None,
-            ).remote(rollout.backend, model_path, options)
-            for i, b in enumerate(engine_bundles)
-        ]
+        actors = start_engines(group, engine_bundles, rollout.backend, model_path, options, engine_needs, name=name)
         tokenizer = load_tokenizer(model_path)
         engines = [RemotePolicy(actor, tokenizer, owns_actor=True) for actor in actors]
         ranks = TrainerGroup.start(
@@ -489,6 +478,32 @@ def start_cluster(
     if sleep:
         ranks.colocated_engines = router
     return Cluster(ranks, router, group, own_ray)
+
+
+def start_engines(
+    group: PlacementGroup,
+    bundles: Sequence[int],
+    backend: str,
+    model_path: str,
+    options: dict[str, Any],
+    resources: dict[str, float],
+    *,
+    name: str,
+) -> list[Any]:
+    """One :class:`~agentrl.policies.ray_actor.PolicyActor` per bundle of ``group``, named
+    ``<name>-engine-<i>``; CPU vLLM engines that share a node on disjoint cores (:func:`engine_cores`)."""
+    cpu_vllm = backend == "vllm" and not resources.get("GPU")
+    cores = engine_cores(group, bundles) if cpu_vllm else [None] * len(bundles)
+    return [
+        PolicyActor.options(  # type: ignore[attr-defined]
+            name=f"{name}-engine-{i}",
+            num_cpus=resources.get("CPU", 1),
+            num_gpus=resources.get("GPU", 0),
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=b),
+            runtime_env={"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": cores[i]}} if cores[i] else None,
+        ).remote(backend, model_path, options)
+        for i, b in enumerate(bundles)
+    ]
 
 
 def engine_cores(group: PlacementGroup, engine_bundles: Sequence[int]) -> list[str | None]:

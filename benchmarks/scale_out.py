@@ -37,7 +37,6 @@ from typing import Any
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -51,23 +50,16 @@ def _needs(device: str, gpu_share: float) -> dict[str, float]:
 def _engines(n: int, config: Any, model: str, needs: dict[str, float]) -> tuple[Any, Any]:
     """A router over ``n`` engine actors placed as ``agentrl train`` places them; and their placement group."""
     from agentrl.build import load_tokenizer, policy_options
-    from agentrl.cluster import engine_cores
-    from agentrl.policies.ray_actor import PolicyActor, RemotePolicy
+    from agentrl.cluster import start_engines
+    from agentrl.policies.ray_actor import RemotePolicy
     from agentrl.policies.router import RouterPolicy
 
     group = placement_group([needs] * n, strategy="PACK")
     ray.get(group.ready())
-    backend = config.rollout.backend
-    cores = engine_cores(group, range(n)) if backend == "vllm" and "GPU" not in needs else [None] * n
-    actors = [
-        PolicyActor.options(  # type: ignore[attr-defined]
-            num_cpus=needs["CPU"],
-            num_gpus=needs.get("GPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
-            runtime_env={"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": cores[i]}} if cores[i] else None,
-        ).remote(backend, model, policy_options(config.rollout))
-        for i in range(n)
-    ]
+    options = policy_options(config.rollout)
+    actors = start_engines(
+        group, range(n), config.rollout.backend, model, options, needs, name=f"bench-{time.monotonic_ns()}"
+    )
     ray.get([a.ping.remote() for a in actors])
     tokenizer = load_tokenizer(model)
     return RouterPolicy([RemotePolicy(a, tokenizer, owns_actor=True) for a in actors]), group
