@@ -3,7 +3,10 @@ updates, cancellation, and the rollout engine on top of it. One engine serves th
 (it takes about a minute to start on two cores)."""
 
 import asyncio
+import concurrent.futures
+import time
 
+import psutil
 import pytest
 import torch
 
@@ -114,6 +117,27 @@ def test_calls_running_when_the_engine_is_closed_raise_engine_closed_not_a_cance
     try:
         asyncio.run(run())
     finally:
+        policy.close()
+
+
+def test_an_update_sent_to_an_engine_core_that_then_dies_raises_engine_dead_error(tiny_model_dir):
+    # vLLM leaves a collective_rpc waiting forever when its engine core dies after the call was
+    # sent; `agentrl train` hung there when a core was killed during a weight update.
+    policy = VLLMPolicy(tiny_model_dir, max_model_len=1024, seed=0)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        (core,) = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+        weights = list(reference_model(tiny_model_dir).state_dict().items())
+        core.suspend()  # the update is sent and waits for a reply
+        update = pool.submit(policy.update_weights, weights)
+        time.sleep(1.0)
+        assert not update.done()
+        core.kill()
+        with pytest.raises(Exception) as raised:
+            update.result(timeout=60)  # not a TimeoutError
+        assert type(raised.value).__name__ == "EngineDeadError"
+    finally:
+        pool.shutdown(wait=False)
         policy.close()
 
 

@@ -45,7 +45,7 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -188,7 +188,7 @@ class VLLMPolicy:
         request = LoRARequest(name, next(self._lora_ids), path)
         try:
             write_adapter_dir(path, config, tensors)
-            self._call(self.engine.add_lora(request))
+            self._call(_unless_dead(self.engine, self.engine.add_lora(request)))
         except Exception as e:
             shutil.rmtree(path, ignore_errors=True)
             raise ValueError(f"vLLM refused adapter {name!r}: {e}") from e
@@ -223,11 +223,11 @@ class VLLMPolicy:
         """vLLM's sleep mode (the engine must be started with ``enable_sleep_mode=True``, on a GPU):
         level 1 offloads the weights to host memory and drops the KV cache, freeing the device for a
         colocated trainer; requests must not be running."""
-        await self._on_loop(self.engine.sleep(level))
+        await self._on_loop(_unless_dead(self.engine, self.engine.sleep(level)))
 
     async def wake_up(self) -> None:
         """Undo :meth:`sleep`: weights back on the device, a fresh KV cache."""
-        await self._on_loop(self.engine.wake_up())
+        await self._on_loop(_unless_dead(self.engine, self.engine.wake_up()))
 
     def close(self) -> None:
         engine, self.engine = self.engine, None
@@ -288,6 +288,9 @@ class VLLMPolicy:
         return self._version
 
     async def _push(self, path: str) -> None:
+        await _unless_dead(self.engine, self._load(path))
+
+    async def _load(self, path: str) -> None:
         await self.engine.collective_rpc("agentrl_load_file", args=(path,))
         # Cached prefixes hold keys and values computed with the old weights; reusing them would
         # make the new policy's log-probs silently wrong for every prompt seen before the update.
@@ -335,6 +338,22 @@ class VLLMPolicy:
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+
+
+async def _unless_dead(engine: Any, call: Awaitable[Any], every: float = 0.5) -> Any:
+    """Await ``call``, a request to vLLM's engine core other than generation (``collective_rpc``,
+    ``add_lora``, ``sleep``); raise its ``EngineDeadError`` if the engine core dies first.
+
+    vLLM fails the generation requests of a dead engine core, but a call of this kind waits for a
+    reply that never comes when the core dies after it was sent, and the run would hang on it.
+    """
+    task = asyncio.ensure_future(call)
+    while not (await asyncio.wait({task}, timeout=every))[0]:
+        if engine.errored:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise engine.dead_error
+    return task.result()
 
 
 async def _shut_down(engine: Any) -> None:
