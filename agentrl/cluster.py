@@ -42,7 +42,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,8 +58,10 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from agentrl.config import EngineConfig
 from agentrl.faults import RunFailed
+from agentrl.policies import broadcast
 from agentrl.policies.ray_actor import PolicyActor, RemotePolicy, SharedWeights, WorkerLocation, current_location
 from agentrl.policies.router import RouterPolicy
+from agentrl.policies.supervisor import engine_died
 from agentrl.train_config import ClusterConfig
 from agentrl.trainers.trainer import TrainerConfig
 from agentrl.types import Trajectory
@@ -88,6 +90,9 @@ class TrainerRank:
             torch.set_num_threads(torch_threads)
         torch.manual_seed(seed)
         self.trainer: Any = None
+        self.device = "cpu"
+        self._weight_group: Any = None  # rank 0's weight broadcast group (agentrl.policies.broadcast)
+        self._held: list[tuple[str, torch.Tensor]] = []  # rank 0: the weights of the sync under way
 
     def address(self) -> tuple[str, int]:
         """An address on this rank's node where rank 0 can host the process group's rendezvous."""
@@ -111,6 +116,7 @@ class TrainerRank:
             world_size=self.world,
             timeout=COLLECTIVE_TIMEOUT,
         )
+        self.device = device
         if device == "cuda":
             torch.cuda.set_device(0)  # Ray shows each rank the GPU it was given as device 0
         shard = _fully_shard if strategy == "fsdp" else None
@@ -123,11 +129,39 @@ class TrainerRank:
         metrics = self.trainer.step(trajectories, version)
         return metrics, self.trainer.last_advantages
 
-    def inference_weights(self) -> list[ray.ObjectRef] | None:
+    def inference_weights(self, hold: bool = False) -> Any:
         """Rank 0: the weights for the engines, put in the object store (inside a list, so that Ray
-        passes the reference, not the tensors). With ``fsdp`` every rank must call (a collective)."""
+        passes the reference, not the tensors); with ``hold``, kept here for :meth:`send_weights`
+        and described (:class:`~agentrl.policies.broadcast.TensorSpec` list). With ``fsdp`` every
+        rank must call (a collective)."""
         weights = [(name, _full(tensor)) for name, tensor in self.trainer.inference_weights()]
-        return [ray.put(weights)] if self.rank == 0 else None
+        if self.rank != 0:
+            return None
+        if hold:
+            self._held = weights
+            return broadcast.spec_of(weights)
+        return [ray.put(weights)]
+
+    def join_weights(self, host: str, port: int, world: int) -> None:
+        """Rank 0: form a new weight broadcast group with ``world - 1`` engines, as its member 0."""
+        self.leave_weights()
+        self._weight_group = broadcast.join(host, port, world, 0, self.device)
+
+    def leave_weights(self) -> None:
+        group, self._weight_group = self._weight_group, None
+        if group is not None:
+            try:
+                group.shutdown()
+            except Exception as e:  # a member died: nothing more to do with the group
+                log.info("the old weight broadcast group did not shut down cleanly: %s", e)
+
+    def send_weights(self) -> None:
+        """Rank 0: broadcast the held weights to the group's engines."""
+        broadcast.send(self._weight_group, self._held, self.device)
+
+    def put_weights(self) -> list[ray.ObjectRef]:
+        """Rank 0: the held weights in the object store (an engine the broadcast missed, an export)."""
+        return [ray.put(self._held)]
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's trainer state (weights and optimizer whole on rank 0 with ``fsdp``, gathered; a collective)."""
@@ -214,10 +248,14 @@ class TrainerGroup:
     :meth:`state_dict`, :meth:`load_state_dict`, :meth:`reference_nll` and ``last_advantages`` are the
     Trainer's, so the controller does not know the difference."""
 
-    def __init__(self, ranks: Sequence[Any], *, colocated_engines: RouterPolicy | None = None):
+    def __init__(
+        self, ranks: Sequence[Any], *, colocated_engines: RouterPolicy | None = None, weight_sync: str = "store"
+    ):
         self.ranks = list(ranks)
         self.colocated_engines = colocated_engines
         """Engines that sleep while the ranks step (colocated on GPUs), else None."""
+        self.broadcaster = WeightBroadcaster(self.ranks[0]) if weight_sync == "broadcast" else None
+        """With ``cluster.weight_sync: broadcast``, the weight group of rank 0 and the engines."""
         self.last_advantages: torch.Tensor | None = None
         self.step_seconds: list[float] = []
 
@@ -235,6 +273,7 @@ class TrainerGroup:
         torch_threads: int,
         seed: int,
         name: str,
+        weight_sync: str = "store",
     ) -> TrainerGroup:
         """Start one rank per placement-group bundle, join them in a process group, build their trainers."""
         world = len(bundles)
@@ -247,7 +286,7 @@ class TrainerGroup:
             ).remote(rank, world, torch_threads, seed)
             for rank, (group, index) in enumerate(bundles)
         ]
-        group = cls(ranks)
+        group = cls(ranks, weight_sync=weight_sync)
         master = ray.get(ranks[0].address.remote())
         group._all(lambda r: r.start.remote(master, model_path, config, device, dtype, strategy))
         return group
@@ -265,8 +304,11 @@ class TrainerGroup:
         self.last_advantages = _in_order([a for _, a in results], shares, len(trajectories))
         return merge_rank_metrics([m for m, _ in results])
 
-    def inference_weights(self) -> SharedWeights:
-        """The new weights, in the object store once (rank 0 put them there), for every engine."""
+    def inference_weights(self) -> SharedWeights | BroadcastWeights:
+        """The new weights for every engine: in the object store once (rank 0 put them there), or
+        held by rank 0 for a broadcast (``weight_sync: broadcast``)."""
+        if self.broadcaster is not None:
+            return BroadcastWeights(self.broadcaster, self._all(lambda r: r.inference_weights.remote(hold=True))[0])
         refs = self._all(lambda r: r.inference_weights.remote())
         return SharedWeights(refs[0][0])
 
@@ -382,6 +424,78 @@ def _in_order(parts: Sequence[torch.Tensor | None], shares: Sequence[list[int]],
     return out
 
 
+# --- weights to the engines by broadcast -------------------------------------------------------------
+
+
+class WeightBroadcaster:
+    """Rank 0's side of ``weight_sync: broadcast`` across syncs: the group it forms with the live
+    engines (:mod:`agentrl.policies.broadcast`), formed again when the engines change (one died)."""
+
+    def __init__(self, rank0: Any):
+        self.rank0 = rank0
+        self.members: tuple[int, ...] | None = None
+        """The engines (ids) of the group formed last, None once it broke."""
+        self.fallbacks = 0
+        """Syncs (or parts of one) that went through the object store because a broadcast failed."""
+
+    async def deliver(self, engines: Sequence[Any], spec: list[broadcast.TensorSpec]) -> list[Any]:
+        """Broadcast the weights rank 0 holds to ``engines`` (:class:`~agentrl.policies.ray_actor.RemotePolicy`
+        of vLLM); per engine, its new version or the error it failed with. An engine the broadcast
+        did not reach, alive, gets the weights through the object store instead."""
+        results: list[Any]
+        try:
+            if self.members != tuple(id(e) for e in engines):
+                await self._form(engines)
+            sent, *results = await asyncio.gather(
+                self.rank0.send_weights.remote(), *(e.receive_weights(spec) for e in engines), return_exceptions=True
+            )
+        except Exception as e:  # the group could not form: every engine gets the store's copy
+            sent, results = e, [e] * len(engines)
+        if isinstance(sent, RayActorError):
+            raise TrainerLost(f"trainer rank 0 died while it sent the weights ({type(sent).__name__})") from sent
+        missed = [i for i, r in enumerate(results) if isinstance(r, BaseException) and not engine_died(r)]
+        if isinstance(sent, BaseException) or any(isinstance(r, BaseException) for r in results):
+            log.warning("the weight broadcast failed (%s); this sync goes through the object store", sent)
+            self.members = None  # formed again, with the engines alive then, next sync
+            self.fallbacks += 1
+            if missed:
+                shared = SharedWeights((await self.rank0.put_weights.remote())[0])
+                again = await asyncio.gather(
+                    *(engines[i].aupdate_weights(shared) for i in missed), return_exceptions=True
+                )
+                for i, result in zip(missed, again):
+                    results[i] = result
+        return results
+
+    async def _form(self, engines: Sequence[Any]) -> None:
+        """A new group: rank 0 hosts its store, engine *i* joins as member *i + 1* (all at once)."""
+        self.members = None
+        host, port = await self.rank0.address.remote()
+        world = len(engines) + 1
+        await asyncio.gather(
+            self.rank0.join_weights.remote(host, port, world),
+            *(engine.join_weights(host, port, world, i + 1) for i, engine in enumerate(engines)),
+        )
+        self.members = tuple(id(e) for e in engines)
+
+
+class BroadcastWeights:
+    """One sync's weights under ``weight_sync: broadcast``: rank 0 holds them, and a
+    :class:`~agentrl.policies.router.RouterPolicy` has them :meth:`deliver`-ed to its live engines.
+    Iterating fetches them through the object store (an export of the model)."""
+
+    def __init__(self, broadcaster: WeightBroadcaster, spec: list[broadcast.TensorSpec]):
+        self.broadcaster = broadcaster
+        self.spec = spec
+
+    async def deliver(self, engines: Sequence[Any]) -> list[Any]:
+        """:meth:`WeightBroadcaster.deliver`."""
+        return await self.broadcaster.deliver(engines, self.spec)
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        return iter(SharedWeights(ray.get(self.broadcaster.rank0.put_weights.remote())[0]))
+
+
 # --- the cluster of a run ---------------------------------------------------------------------------
 
 
@@ -465,6 +579,7 @@ def start_cluster(
             torch_threads=torch_threads,
             seed=trainer.seed,
             name=name,
+            weight_sync=cluster.weight_sync,
         )
         ray.get([actor.ping.remote() for actor in actors])  # the engines are up (their start overlapped the ranks')
     except BaseException:

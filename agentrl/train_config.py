@@ -117,6 +117,9 @@ class ClusterConfig:
     """The Ray cluster: ``local`` starts one in this process; ``auto`` or ``HOST:PORT`` joins a running one."""
     placement_timeout: float = 300.0
     """Seconds to wait for Ray to find the resources before the run stops and says what was missing."""
+    weight_sync: Literal["store", "broadcast"] = "store"
+    """How new weights reach the engines: ``store``, put once in Ray's object store for each engine to fetch;
+    ``broadcast``, sent by trainer rank 0 to every engine's vLLM worker over a process group (NCCL on GPUs)."""
 
     def __post_init__(self) -> None:
         if self.trainer_workers < 0 or self.engines < 1:
@@ -320,6 +323,16 @@ class TrainConfig:
                 "the cluster section trains one policy with env episodes in this process: it cannot be combined "
                 "with rollout.ray_address, a multi-agent run's policies, or curriculum.selection pcl (yet). "
                 "Leave the cluster section out for those."
+            )
+        if cluster.weight_sync == "broadcast" and self.rollout.backend != "vllm":
+            raise ValueError(
+                f"cluster.weight_sync broadcast sends the weights into vLLM workers, but rollout.backend is "
+                f"{self.rollout.backend}: set weight_sync store (or use vllm)."
+            )
+        if cluster.weight_sync == "broadcast" and cluster.placement == "colocated" and self.device == "cuda":
+            raise ValueError(
+                "cluster.weight_sync broadcast joins rank 0 and each engine in an NCCL group, which cannot hold two "
+                "members on one GPU as placement colocated puts them: use weight_sync store with colocated."
             )
         if cluster.placement == "colocated" and self.device == "cuda" and self.max_staleness != 0:
             raise ValueError(

@@ -177,6 +177,76 @@ def test_engines_that_disagree_on_the_version_are_an_error():
         asyncio.run(RouterPolicy(engines).aupdate_weights([]))
 
 
+class _Remote:
+    """A fake actor method: ``.remote(*args)`` runs ``fn`` as a Ray call would, awaitable."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def remote(self, *args):
+        async def call():
+            return self.fn(*args)
+
+        return call()
+
+
+class FakeRank0:
+    def __init__(self):
+        self.calls: list[str] = []
+        self.address = _Remote(lambda: ("127.0.0.1", 1))
+        self.join_weights = _Remote(lambda *a: self.calls.append(f"join {a[2]}"))
+        self.send_weights = _Remote(lambda: self.calls.append("send"))
+        self.put_weights = _Remote(lambda: ["ref"])
+
+
+class BroadcastEngine(FakeEngine):
+    """A fake engine that takes broadcasts: ``fails`` with an error of its own (alive), or dies."""
+
+    def __init__(self, index: int, fails: BaseException | None = None):
+        super().__init__(index)
+        self.fails = fails
+        self.joined: list[int] = []
+
+    async def join_weights(self, host, port, world, member):
+        self.joined.append(member)
+
+    async def receive_weights(self, spec):
+        if self.dead:
+            raise EngineClosed(f"engine {self.index} is gone")
+        if self.fails is not None:
+            raise self.fails
+        self.version += 1
+        return self.version
+
+
+def test_a_broadcast_forms_its_group_once_and_again_without_a_dead_engine():
+    from agentrl.cluster import BroadcastWeights, WeightBroadcaster
+
+    rank0, engines = FakeRank0(), [BroadcastEngine(0), BroadcastEngine(1), BroadcastEngine(2)]
+    broadcaster = WeightBroadcaster(rank0)
+    router = RouterPolicy(engines)
+    assert asyncio.run(router.aupdate_weights(BroadcastWeights(broadcaster, []))) == 1
+    assert asyncio.run(router.aupdate_weights(BroadcastWeights(broadcaster, []))) == 2
+    assert rank0.calls == ["join 4", "send", "send"]  # rank 0 and 3 engines, formed once
+    assert [e.joined for e in engines] == [[1], [2], [3]]
+    engines[1].dead = True  # dies between syncs: its broadcast fails, the others got the weights
+    assert asyncio.run(router.aupdate_weights(BroadcastWeights(broadcaster, []))) == 3
+    assert router.live == [0, 2] and broadcaster.fallbacks == 1
+    assert asyncio.run(router.aupdate_weights(BroadcastWeights(broadcaster, []))) == 4
+    assert rank0.calls[-2:] == ["join 3", "send"] and engines[2].joined == [3, 2]  # re-formed without it
+
+
+def test_an_engine_the_broadcast_missed_gets_the_weights_through_the_object_store():
+    from agentrl.cluster import BroadcastWeights, WeightBroadcaster
+
+    rank0 = FakeRank0()
+    engines = [BroadcastEngine(0), BroadcastEngine(1, fails=RuntimeError("gloo: connection reset"))]
+    router = RouterPolicy(engines)
+    assert asyncio.run(router.aupdate_weights(BroadcastWeights(WeightBroadcaster(rank0), []))) == 1
+    assert [type(u).__name__ for u in engines[1].updates] == ["SharedWeights"] and not engines[0].updates
+    assert router.live == [0, 1]
+
+
 # --- shares and metrics --------------------------------------------------------------------------
 
 
@@ -269,6 +339,20 @@ def _config(model_dir: Path, run_dir: Path, *overrides: str) -> TrainConfig:
             "set max_staleness 0",
         ),
         (["cluster.placement=nearby"], "nearby"),
+        (["cluster.trainer_workers=1", "cluster.weight_sync=broadcast"], "rollout.backend is hf"),
+        (
+            [
+                "cluster.trainer_workers=2",
+                "cluster.engines=2",
+                "cluster.placement=colocated",
+                "device=cuda",
+                "max_staleness=0",
+                "rollout.backend=vllm",
+                "cluster.weight_sync=broadcast",
+            ],
+            "use weight_sync store with colocated",
+        ),  # fmt: skip
+        (["cluster.weight_sync=nccl"], "nccl"),
     ],
 )
 def test_a_bad_cluster_section_says_what_to_change(tmp_path, overrides, message):
@@ -410,6 +494,34 @@ class TestTwoNodes:
         assert last["train/policy_version"] == 3
         exported = AutoModelForCausalLM.from_pretrained(result.model_dir)
         assert exported.config.num_hidden_layers > 0
+
+    def test_weights_broadcast_into_the_vllm_workers_and_the_group_reforms_without_a_killed_engine(
+        self, two_nodes, tiny_model_dir, tmp_path, caplog
+    ):
+        from agentrl.controller import Progress
+        from agentrl.train import train
+
+        def kill_engine_0(info: dict[str, Any]) -> None:
+            if len(_steps(tmp_path / "run")) >= 2 and not killed:
+                killed.append(True)
+                ray.kill(_named("-engine-0"))
+
+        killed: list[bool] = []
+        config = _cluster_config(
+            tiny_model_dir, tmp_path / "run", "rollout.backend=vllm", "cluster.weight_sync=broadcast",
+            "steps=4", "max_staleness=0", "export=true",
+        )  # fmt: skip
+        result = train(config, Progress(on_advance=kill_engine_0))
+
+        steps = _steps(result.run_dir)
+        assert killed and [m["step"] for m in steps] == [1, 2, 3, 4]
+        # every token came from the weights being trained: the broadcast reached both engines, then the one left
+        assert all(m["train/engine_logprob_gap"] <= 1e-4 for m in steps), [m["train/engine_logprob_gap"] for m in steps]
+        assert steps[-1]["fault/engines_lost"] == 1 and steps[-1]["train/policy_version"] == 4
+        assert sum(m["rollout/failed"] for m in steps) == 0
+        assert (result.model_dir / "model.safetensors").exists()  # exported from rank 0's held weights
+        fallbacks = [r for r in caplog.records if "weight broadcast failed" in r.getMessage()]
+        assert len(fallbacks) <= 1, fallbacks  # only a sync the kill interrupted went through the object store
 
     def test_a_killed_engine_is_replaced_by_the_other_and_every_group_is_trained(
         self, two_nodes, tiny_model_dir, tmp_path

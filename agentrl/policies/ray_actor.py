@@ -104,6 +104,18 @@ class PolicyActor:
         # Awaited, so that requests keep arriving meanwhile (hf's update runs in a thread).
         return int(await self.policy.aupdate_weights(named_tensors)) + self._offset
 
+    async def join_weights(self, host: str, port: int, world: int, member: int) -> None:
+        """Join a trainer's weight broadcast group (:meth:`VLLMPolicy.join_weights
+        <agentrl.policies.vllm.VLLMPolicy.join_weights>`; the vllm backend only)."""
+        await self.policy.join_weights(host, port, world, member)  # type: ignore[attr-defined]
+
+    async def leave_weights(self) -> None:
+        await self.policy.leave_weights()  # type: ignore[attr-defined]
+
+    async def receive_weights(self, spec: list[Any]) -> int:
+        """Load the weights the group's member 0 broadcasts; return the new version."""
+        return int(await self.policy.receive_weights(spec)) + self._offset  # type: ignore[attr-defined]
+
     async def version(self) -> int:
         """The hosted policy's version (as :meth:`set_version` last set it)."""
         return self.policy.version + self._offset
@@ -235,6 +247,19 @@ class RemotePolicy:
     async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """:meth:`update_weights` without blocking the caller's event loop."""
         self._version = int(await self.actor.update_weights.remote(_payload(named_tensors)))
+        return self._version
+
+    async def join_weights(self, host: str, port: int, world: int, member: int) -> None:
+        """:meth:`PolicyActor.join_weights`."""
+        await self.actor.join_weights.remote(host, port, world, member)
+
+    async def leave_weights(self) -> None:
+        """:meth:`PolicyActor.leave_weights`."""
+        await self.actor.leave_weights.remote()
+
+    async def receive_weights(self, spec: list[Any]) -> int:
+        """:meth:`PolicyActor.receive_weights`; the new version."""
+        self._version = int(await self.actor.receive_weights.remote(spec))
         return self._version
 
     async def sleep(self) -> None:

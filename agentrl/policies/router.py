@@ -18,7 +18,8 @@ not change:
 - **Weights to every engine.** :meth:`RouterPolicy.aupdate_weights` loads the same tensors into
   every live engine at once and returns only when all of them hold the new version (they must agree
   on it), so with ``max_staleness: 0`` no request of the next batch can reach an engine that still
-  holds the old one.
+  holds the old one. Weights with a ``deliver`` method (a broadcast from the trainer,
+  :class:`agentrl.cluster.BroadcastWeights`) are handed the live engines and deliver to them.
 
 >>> router = RouterPolicy([make_policy("vllm", path), make_policy("vllm", path)])  # doctest: +SKIP
 """
@@ -111,9 +112,13 @@ class RouterPolicy:
         # an object-store reference: agentrl.policies.ray_actor.SharedWeights) is passed on as it is.
         weights = list(named_tensors) if isinstance(named_tensors, Iterator) else named_tensors
         indices = list(self.live)
-        results = await asyncio.gather(
-            *(self.engines[i].aupdate_weights(weights) for i in indices), return_exceptions=True
-        )
+        deliver = getattr(weights, "deliver", None)  # a broadcast to the engines (agentrl.cluster.BroadcastWeights)
+        if deliver is not None:
+            results = await deliver([self.engines[i] for i in indices])
+        else:
+            results = await asyncio.gather(
+                *(self.engines[i].aupdate_weights(weights) for i in indices), return_exceptions=True
+            )
         versions = set()
         for index, result in zip(indices, results):
             if isinstance(result, BaseException):

@@ -219,6 +219,23 @@ class VLLMPolicy:
                 await self._on_loop(self._push(path))
         return self._updated(changed, held)
 
+    async def join_weights(self, host: str, port: int, world: int, member: int) -> None:
+        """Join a trainer's weight broadcast group as ``member`` (:mod:`agentrl.policies.broadcast`);
+        every member must join at once."""
+        rpc = self.engine.collective_rpc("agentrl_join_weights", args=(host, port, world, member))
+        await self._on_loop(_unless_dead(self.engine, rpc))
+
+    async def leave_weights(self) -> None:
+        """Leave the broadcast group (it is re-formed without an engine that died)."""
+        await self._on_loop(_unless_dead(self.engine, self.engine.collective_rpc("agentrl_leave_weights")))
+
+    async def receive_weights(self, spec: Sequence[Any]) -> int:
+        """Load the tensors of ``spec`` (:class:`~agentrl.policies.broadcast.TensorSpec`) that member 0 of
+        the group broadcasts; return the new version."""
+        plain = [[name, list(shape), dtype] for name, shape, dtype in spec]  # vLLM's RPC encoding takes lists
+        await self._on_loop(_unless_dead(self.engine, self._receive(plain)))
+        return self._updated([], {})  # every tensor came; the next update from a file sends all
+
     async def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode (the engine must be started with ``enable_sleep_mode=True``, on a GPU):
         level 1 offloads the weights to host memory and drops the KV cache, freeing the device for a
@@ -288,10 +305,14 @@ class VLLMPolicy:
         return self._version
 
     async def _push(self, path: str) -> None:
-        await _unless_dead(self.engine, self._load(path))
+        await _unless_dead(self.engine, self._load("agentrl_load_file", path))
 
-    async def _load(self, path: str) -> None:
-        await self.engine.collective_rpc("agentrl_load_file", args=(path,))
+    async def _receive(self, spec: list[Any]) -> None:
+        await self._load("agentrl_receive_weights", spec)
+
+    async def _load(self, method: str, *args: Any) -> None:
+        """Run the worker's loading ``method`` (:class:`~agentrl.policies.vllm_worker.WeightSync`), then drop the prefix cache."""
+        await self.engine.collective_rpc(method, args=args)
         # Cached prefixes hold keys and values computed with the old weights; reusing them would
         # make the new policy's log-probs silently wrong for every prompt seen before the update.
         # vLLM keeps the cache while running requests hold blocks (it only logs a warning), and

@@ -66,6 +66,38 @@ class WeightSync:
             self.model_runner.reload_weights(weights_iterator=iter(state.items()))
         return len(state)
 
+    def agentrl_join_weights(self, host: str, port: int, world: int, member: int) -> None:
+        """Join trainer rank 0's weight broadcast group as ``member`` (:func:`agentrl.policies.broadcast.join`);
+        a group joined before is left."""
+        from agentrl.policies import broadcast
+
+        self.agentrl_leave_weights()
+        device = torch.device(getattr(self.model_runner, "device", "cpu"))
+        self._agentrl_weights = (broadcast.join(host, port, world, member, device.type), device)
+
+    def agentrl_leave_weights(self) -> None:
+        """Drop the broadcast group (its members re-form it without a dead engine)."""
+        group = getattr(self, "_agentrl_weights", None)
+        self._agentrl_weights = None
+        if group is not None:
+            with contextlib.suppress(Exception):  # a member died: the group may not shut down cleanly
+                group[0].shutdown()
+
+    def agentrl_receive_weights(self, spec: list[Any]) -> int:
+        """Receive the tensors of ``spec`` from rank 0's broadcast and load them as :meth:`agentrl_load_file`
+        does; return the tensor count."""
+        from agentrl.policies import broadcast
+
+        if getattr(self, "_agentrl_weights", None) is None:
+            raise RuntimeError("agentrl_receive_weights before agentrl_join_weights: this worker is in no group.")
+        group, device = self._agentrl_weights
+        arriving = broadcast.receive(group, [broadcast.TensorSpec(*t) for t in spec], device)
+        with _quiet("vllm.model_executor.model_loader.reload"):
+            self.model_runner.reload_weights(weights_iterator=arriving)
+        for _ in arriving:  # every member takes part in every bucket's broadcast, whatever the loader read
+            pass
+        return len(spec)
+
 
 @contextlib.contextmanager
 def _quiet(logger_name: str) -> Iterator[None]:
