@@ -579,7 +579,7 @@ def start_cluster(
             torch_threads=torch_threads,
             seed=trainer.seed,
             name=name,
-            weight_sync=cluster.weight_sync,
+            weight_sync=cluster.weight_path(device, rollout.backend),
         )
         ray.get([actor.ping.remote() for actor in actors])  # the engines are up (their start overlapped the ranks')
     except BaseException:

@@ -117,9 +117,17 @@ class ClusterConfig:
     """The Ray cluster: ``local`` starts one in this process; ``auto`` or ``HOST:PORT`` joins a running one."""
     placement_timeout: float = 300.0
     """Seconds to wait for Ray to find the resources before the run stops and says what was missing."""
-    weight_sync: Literal["store", "broadcast"] = "store"
+    weight_sync: Literal["auto", "store", "broadcast"] = "auto"
     """How new weights reach the engines: ``store``, put once in Ray's object store for each engine to fetch;
-    ``broadcast``, sent by trainer rank 0 to every engine's vLLM worker over a process group (NCCL on GPUs)."""
+    ``broadcast``, sent by trainer rank 0 to every engine's vLLM worker over a process group (NCCL on GPUs,
+    gloo on the CPU); ``auto``, broadcast for vLLM engines on GPUs of their own (disaggregated), else store."""
+
+    def weight_path(self, device: str, backend: str) -> str:
+        """``weight_sync`` with ``auto`` resolved: ``store`` or ``broadcast``."""
+        if self.weight_sync != "auto":
+            return self.weight_sync
+        gpus_of_their_own = device == "cuda" and self.placement == "disaggregated"
+        return "broadcast" if gpus_of_their_own and backend == "vllm" else "store"
 
     def __post_init__(self) -> None:
         if self.trainer_workers < 0 or self.engines < 1:

@@ -9,8 +9,10 @@
 # 2. runs the main job on the GPU: agentrl train examples/quickstart.yaml device=cuda;
 # 3. runs a cluster: on one GPU one rank and one engine colocated (the engine sleeping through vLLM's
 #    sleep mode while the rank steps); on two or more, two ranks and two engines colocated in pairs;
-# 4. runs benchmarks/scale_out.py with the engines and ranks the GPUs allow (two ranks need two GPUs:
-#    NCCL does not put two ranks on one device; on one GPU the engines share it);
+# 4. on two or more GPUs, a cluster run whose weights go from rank 0 to the engine by NCCL broadcast
+#    (cluster.weight_sync=broadcast), printing the engine/trainer log-prob gap of every step;
+# 5. runs benchmarks/scale_out.py with the engines and ranks the GPUs allow (NCCL puts no two members
+#    of a group on one device: two ranks, and the broadcast rows of the sync table, need three GPUs);
 # and prints each part's figures. Each part's whole log is in $OUT/*.log. Exits non-zero if a part
 # failed (the others still run).
 set -uo pipefail
@@ -71,8 +73,17 @@ part colocated agentrl train examples/quickstart.yaml device=cuda run_dir="$OUT/
     cluster.placement=colocated max_staleness=0 steps=3 eval_episodes=16 "${CLUSTER[@]}"
 grep -E "held-out|success rate|mean reward|failed" "$OUT/colocated.log" | tail -n 4
 
-if [ "$GPUS" -ge 2 ]; then
+if [ "$GPUS" -ge 2 ]; then  # rank 0 and an engine on GPUs of their own: the weights go by NCCL broadcast
+    part broadcast agentrl train examples/quickstart.yaml device=cuda run_dir="$OUT/broadcast" \
+        cluster.trainer_workers=1 cluster.engines=1 cluster.weight_sync=broadcast max_staleness=0 steps=3 \
+        eval_episodes=16
+    python -c "import json, sys; gaps = [json.loads(l).get('train/engine_logprob_gap') for l in open(sys.argv[1])]; print('engine_logprob_gap per step:', [g for g in gaps if g is not None])" "$OUT/broadcast/metrics.jsonl"
+fi
+
+if [ "$GPUS" -ge 3 ]; then  # 1 rank and 2 engines alive at once for the sync table, a GPU each
     SCALE=(--gpu-share 1 rollout.gpu_memory_utilization=0.8)
+elif [ "$GPUS" -eq 2 ]; then  # shared GPUs: one rank (NCCL puts no two ranks on one device), no broadcast
+    SCALE=(--gpu-share 0.5 --ranks 1 rollout.gpu_memory_utilization=0.4)
 else
     SCALE=(--gpu-share 0.3 --ranks 1 rollout.gpu_memory_utilization=0.25)
 fi

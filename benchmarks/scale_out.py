@@ -13,7 +13,8 @@ Three tables, each side by side in one run on a local Ray (or ``RAY_ADDRESS``'s 
    2 ranks (``TrainerGroup``, DDP, one torch thread each); seconds a step (median of ``--steps`` after
    a warm-up step) and the speed-up.
 3. **Weight sync**: rank 0 puts the weights in the object store once and every engine loads them
-   (``RouterPolicy.aupdate_weights``), for the model and for copies of it cut to its first
+   (``RouterPolicy.aupdate_weights``), and, with vLLM, rank 0 broadcasts them into the engines'
+   workers (``cluster.weight_sync: broadcast``), for the model and for copies of it cut to its first
    ``--layers`` decoder layers, on 1 and 2 engines: seconds and MB/s.
 
 Each actor asks Ray for half a CPU (a 2-core machine holds two engines and a rank at once), or
@@ -113,15 +114,23 @@ def step_seconds(trainer: Any, batch: list[Any], steps: int) -> float:
     return statistics.median(times)
 
 
-def sync(router: Any, trainer: Any, repeats: int) -> tuple[float, float]:
-    """Median seconds of publishing ``trainer``'s weights once and loading them into every engine; the MB sent."""
+def sync(router: Any, trainer: Any, repeats: int, via: str = "store") -> tuple[float, float]:
+    """Median seconds of publishing ``trainer``'s weights once and loading them into every engine
+    (after one untimed sync: a broadcast forms its group then); the MB sent. ``via`` is
+    ``cluster.weight_sync``: the object store, or rank 0's broadcast into the vLLM workers."""
+    from agentrl.cluster import WeightBroadcaster
+
     megabytes = sum(t.numel() * t.element_size() for _, t in trainer.inference_weights()) / 1e6
+    trainer.broadcaster = WeightBroadcaster(trainer.ranks[0]) if via == "broadcast" else None
     times = []
-    for _ in range(repeats):
+    for _ in range(repeats + 1):
         started = time.perf_counter()
         asyncio.run(router.aupdate_weights(trainer.inference_weights()))
         times.append(time.perf_counter() - started)
-    return statistics.median(times), megabytes
+    if trainer.broadcaster is not None and trainer.broadcaster.fallbacks:
+        raise RuntimeError("a broadcast failed and went through the object store; its times would mislead")
+    trainer.broadcaster = None
+    return statistics.median(times[1:]), megabytes
 
 
 def cut_model(model: str, layers: int, out: Path) -> str:
@@ -185,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(address=os.environ.get("RAY_ADDRESS", "local"), include_dashboard=False)
     played: dict[int, dict[str, float]] = {}
     steps: dict[int, float] = {}
-    syncs: dict[tuple[str, int], tuple[float, float]] = {}
+    syncs: dict[tuple[str, int, str], tuple[float, float]] = {}
+    # a broadcast needs vLLM, and (NCCL) rank 0 and the engines on GPUs of their own
+    ways = ["store", "broadcast"] if config.rollout.backend == "vllm" and needs.get("GPU", 1) >= 1 else ["store"]
     batch: list[Any] = []
     try:
         print(
@@ -196,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             router = _engines(engines, config, model, needs)
             played[engines], trajectories = rollout(config, router[0], args.groups)
             batch = batch or trajectories
-            syncs[(model, engines)] = sync(router[0], one_rank[0], args.steps)
+            for via in ways:
+                syncs[(model, engines, via)] = sync(router[0], one_rank[0], args.steps, via)
             _close(*router)
             print(f"  played and synced on {engines} engine(s)", flush=True)
         per_step = 2 * config.rollout.group_size  # whole groups, an even number of them (one share per rank)
@@ -213,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             ranks = start_ranks(config, cut, 1, needs, args.device)
             for engines in (1, 2):
                 router = _engines(engines, config, cut, needs)
-                syncs[(cut, engines)] = sync(router[0], ranks[0], args.steps)
+                for via in ways:
+                    syncs[(cut, engines, via)] = sync(router[0], ranks[0], args.steps, via)
                 _close(*router)
             _close(*ranks)
     finally:
@@ -231,10 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {ranks} rank(s)                     {seconds:7.2f}")
     for ranks in [r for r in steps if r > 1]:
         print(f"  speed-up with {ranks} ranks: {steps[1] / steps[ranks]:.2f}x")
-    print("\nweight sync                       MB  engines  seconds    MB/s")
-    for (path, engines), (seconds, megabytes) in syncs.items():
+    print("\nweight sync                       MB  engines  via        seconds    MB/s")
+    for (path, engines, via), (seconds, megabytes) in syncs.items():
         print(
-            f"  {Path(path).name[:28]:28s} {megabytes:7.1f}  {engines:7d}  {seconds:7.2f}  {megabytes / seconds:6.0f}"
+            f"  {Path(path).name[:28]:28s} {megabytes:7.1f}  {engines:7d}  {via:9s}  {seconds:7.2f}  "
+            f"{megabytes / seconds:6.0f}"
         )
     return 0
 

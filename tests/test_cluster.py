@@ -360,6 +360,16 @@ def test_a_bad_cluster_section_says_what_to_change(tmp_path, overrides, message)
         _config(tmp_path / "model", tmp_path / "run", *overrides)
 
 
+def test_auto_weight_sync_broadcasts_only_to_vllm_engines_on_gpus_of_their_own():
+    from agentrl.train_config import ClusterConfig
+
+    disaggregated, colocated = ClusterConfig(trainer_workers=2, engines=2), ClusterConfig(2, 2, "colocated")
+    assert disaggregated.weight_path("cuda", "vllm") == "broadcast"
+    assert disaggregated.weight_path("cpu", "vllm") == disaggregated.weight_path("cuda", "hf") == "store"
+    assert colocated.weight_path("cuda", "vllm") == "store"  # NCCL: no two members on one GPU
+    assert ClusterConfig(2, 2, weight_sync="broadcast").weight_path("cpu", "vllm") == "broadcast"
+
+
 # --- ranks on a local Ray -------------------------------------------------------------------------
 
 
