@@ -62,6 +62,7 @@ from agentrl.policies import broadcast
 from agentrl.policies.ray_actor import PolicyActor, RemotePolicy, SharedWeights, WorkerLocation, current_location
 from agentrl.policies.router import RouterPolicy
 from agentrl.policies.supervisor import engine_died
+from agentrl.policies.vllm import changed_units
 from agentrl.train_config import ClusterConfig
 from agentrl.trainers.trainer import TrainerConfig
 from agentrl.types import Trajectory
@@ -93,6 +94,7 @@ class TrainerRank:
         self.device = "cpu"
         self._weight_group: Any = None  # rank 0's weight broadcast group (agentrl.policies.broadcast)
         self._held: list[tuple[str, torch.Tensor]] = []  # rank 0: the weights of the sync under way
+        self._sent: dict[str, Any] = {}  # rank 0: the stamps of the weights the engines hold
 
     def address(self) -> tuple[str, int]:
         """An address on this rank's node where rank 0 can host the process group's rendezvous."""
@@ -129,18 +131,22 @@ class TrainerRank:
         metrics = self.trainer.step(trajectories, version)
         return metrics, self.trainer.last_advantages
 
-    def inference_weights(self, hold: bool = False) -> Any:
+    def inference_weights(self, hold: bool = False, whole: bool = False) -> Any:
         """Rank 0: the weights for the engines, put in the object store (inside a list, so that Ray
-        passes the reference, not the tensors); with ``hold``, kept here for :meth:`send_weights`
-        and described (:class:`~agentrl.policies.broadcast.TensorSpec` list). With ``fsdp`` every
-        rank must call (a collective)."""
-        weights = [(name, _full(tensor)) for name, tensor in self.trainer.inference_weights()]
+        passes the reference, not the tensors); with ``hold``, kept here (on the device) for
+        :meth:`send_weights` and described (:class:`~agentrl.policies.broadcast.TensorSpec` list).
+        Only the decoder layers and modules that changed since the last call are sent
+        (:func:`~agentrl.policies.vllm.changed_units`: the engines hold the rest), unless ``whole``.
+        With ``fsdp`` every rank must call (a collective)."""
+        weights = [(name, _gathered(tensor)) for name, tensor in self.trainer.inference_weights()]
         if self.rank != 0:
             return None
+        if not whole:
+            weights, self._sent = changed_units(self._sent, weights)
         if hold:
             self._held = weights
             return broadcast.spec_of(weights)
-        return [ray.put(weights)]
+        return [ray.put(_on_cpu(weights))]
 
     def join_weights(self, host: str, port: int, world: int) -> None:
         """Rank 0: form a new weight broadcast group with ``world - 1`` engines, as its member 0."""
@@ -160,8 +166,8 @@ class TrainerRank:
         broadcast.send(self._weight_group, self._held, self.device)
 
     def put_weights(self) -> list[ray.ObjectRef]:
-        """Rank 0: the held weights in the object store (an engine the broadcast missed, an export)."""
-        return [ray.put(self._held)]
+        """Rank 0: the held weights in the object store (for an engine the broadcast missed)."""
+        return [ray.put(_on_cpu(self._held))]
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's trainer state (weights and optimizer whole on rank 0 with ``fsdp``, gathered; a collective)."""
@@ -203,9 +209,18 @@ def _fully_shard(model: torch.nn.Module) -> torch.nn.Module:
 
 def _full(tensor: torch.Tensor) -> torch.Tensor:
     """A sharded (DTensor) tensor gathered whole, on the CPU; a plain one as it is (a collective for a DTensor)."""
+    return _gathered(tensor).cpu()
+
+
+def _gathered(tensor: torch.Tensor) -> torch.Tensor:
+    """:func:`_full` on the tensor's own device (a plain tensor: itself, detached)."""
     if hasattr(tensor, "full_tensor"):
         tensor = tensor.full_tensor()
-    return tensor.detach().cpu()
+    return tensor.detach()
+
+
+def _on_cpu(named_tensors: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    return [(name, tensor.cpu()) for name, tensor in named_tensors]
 
 
 def _full_state(trainer: Any) -> dict[str, Any]:
@@ -304,13 +319,19 @@ class TrainerGroup:
         self.last_advantages = _in_order([a for _, a in results], shares, len(trajectories))
         return merge_rank_metrics([m for m, _ in results])
 
-    def inference_weights(self) -> SharedWeights | BroadcastWeights:
+    def inference_weights(self, whole: bool = False) -> SharedWeights | BroadcastWeights:
         """The new weights for every engine: in the object store once (rank 0 put them there), or
-        held by rank 0 for a broadcast (``weight_sync: broadcast``)."""
+        held by rank 0 for a broadcast (``weight_sync: broadcast``). Only the layers that changed
+        since the last call go (the engines hold the rest), unless ``whole``."""
         if self.broadcaster is not None:
-            return BroadcastWeights(self.broadcaster, self._all(lambda r: r.inference_weights.remote(hold=True))[0])
-        refs = self._all(lambda r: r.inference_weights.remote())
+            spec = self._all(lambda r: r.inference_weights.remote(hold=True, whole=whole))[0]
+            return BroadcastWeights(self.broadcaster, spec)
+        refs = self._all(lambda r: r.inference_weights.remote(whole=whole))
         return SharedWeights(refs[0][0])
+
+    def all_weights(self) -> SharedWeights:
+        """Every weight, through the object store, whatever the engines hold (an export)."""
+        return SharedWeights(self._all(lambda r: r.inference_weights.remote(whole=True))[0][0])
 
     def state_dict(self) -> dict[str, Any]:
         """Rank 0's trainer state (the same weights and optimizer on every rank), and every rank's RNG states."""
@@ -482,7 +503,7 @@ class WeightBroadcaster:
 class BroadcastWeights:
     """One sync's weights under ``weight_sync: broadcast``: rank 0 holds them, and a
     :class:`~agentrl.policies.router.RouterPolicy` has them :meth:`deliver`-ed to its live engines.
-    Iterating fetches them through the object store (an export of the model)."""
+    Iterating fetches them through the object store (any other policy takes them so)."""
 
     def __init__(self, broadcaster: WeightBroadcaster, spec: list[broadcast.TensorSpec]):
         self.broadcaster = broadcaster

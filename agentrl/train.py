@@ -234,7 +234,7 @@ def _export(trainer: Any, model_path: str, tokenizer: Any, out: Path) -> Path:
         return save_pretrained(trainer.model, tokenizer, out)
     from agentrl.cluster import export_model  # a TrainerGroup: Ray is imported already
 
-    return export_model(trainer.inference_weights(), model_path, tokenizer, out)
+    return export_model(trainer.all_weights(), model_path, tokenizer, out)
 
 
 class _RaySession:

@@ -15,7 +15,8 @@ Three tables, each side by side in one run on a local Ray (or ``RAY_ADDRESS``'s 
 3. **Weight sync**: rank 0 puts the weights in the object store once and every engine loads them
    (``RouterPolicy.aupdate_weights``), and, with vLLM, rank 0 broadcasts them into the engines'
    workers (``cluster.weight_sync: broadcast``), for the model and for copies of it cut to its first
-   ``--layers`` decoder layers, on 1 and 2 engines: seconds and MB/s.
+   ``--layers`` decoder layers, on 1 and 2 engines: seconds and MB/s; and, on 2 engines, the sync that
+   follows a training step, which sends only the layers the step changed.
 
 Each actor asks Ray for half a CPU (a 2-core machine holds two engines and a rank at once), or
 ``--gpu-share`` of a GPU with ``--device cuda``. On a 2-core machine the engines, the ranks and the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import shutil
 import statistics
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -120,17 +123,39 @@ def sync(router: Any, trainer: Any, repeats: int, via: str = "store") -> tuple[f
     ``cluster.weight_sync``: the object store, or rank 0's broadcast into the vLLM workers."""
     from agentrl.cluster import WeightBroadcaster
 
-    megabytes = sum(t.numel() * t.element_size() for _, t in trainer.inference_weights()) / 1e6
+    megabytes = sum(t.numel() * t.element_size() for _, t in trainer.all_weights()) / 1e6
     trainer.broadcaster = WeightBroadcaster(trainer.ranks[0]) if via == "broadcast" else None
     times = []
     for _ in range(repeats + 1):
         started = time.perf_counter()
-        asyncio.run(router.aupdate_weights(trainer.inference_weights()))
+        asyncio.run(router.aupdate_weights(trainer.inference_weights(whole=True)))
         times.append(time.perf_counter() - started)
     if trainer.broadcaster is not None and trainer.broadcaster.fallbacks:
         raise RuntimeError("a broadcast failed and went through the object store; its times would mislead")
     trainer.broadcaster = None
     return statistics.median(times[1:]), megabytes
+
+
+def sync_after_step(router: Any, trainer: Any, batch: list[Any], via: str) -> tuple[float, float]:
+    """Seconds of the sync that follows a training step, as ``agentrl train`` makes it: only the
+    decoder layers the step changed go (the quickstart trains 8 of SmolLM2's 30); the MB sent."""
+    from agentrl.cluster import WeightBroadcaster
+
+    trainer.broadcaster = WeightBroadcaster(trainer.ranks[0]) if via == "broadcast" else None
+    asyncio.run(router.aupdate_weights(trainer.inference_weights()))  # everything, once: the engines hold it
+    trainer.step(batch, version=0)
+    started = time.perf_counter()
+    weights = trainer.inference_weights()
+    asyncio.run(router.aupdate_weights(weights))
+    seconds = time.perf_counter() - started
+    spec = getattr(weights, "spec", None)
+    sizes = (
+        [math.prod(t.shape) * getattr(torch, t.dtype).itemsize for t in spec]
+        if spec is not None
+        else [t.numel() * t.element_size() for _, t in weights]
+    )
+    trainer.broadcaster = None
+    return seconds, sum(sizes) / 1e6
 
 
 def cut_model(model: str, layers: int, out: Path) -> str:
@@ -209,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
             batch = batch or trajectories
             for via in ways:
                 syncs[(model, engines, via)] = sync(router[0], one_rank[0], args.steps, via)
+            if engines == 2:
+                for via in ways:
+                    syncs[("changed layers after a step", engines, via)] = sync_after_step(
+                        router[0], one_rank[0], trajectories[: 2 * config.rollout.group_size], via
+                    )
             _close(*router)
             print(f"  played and synced on {engines} engine(s)", flush=True)
         per_step = 2 * config.rollout.group_size  # whole groups, an even number of them (one share per rank)

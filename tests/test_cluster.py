@@ -424,6 +424,9 @@ def test_two_ranks_make_the_update_one_process_makes_on_the_whole_batch(local_ra
         grads = ranks.gradients()
         weights = dict(ranks.inference_weights())
         state = ranks.state_dict()
+        asleep_for = engine.asleep_for
+        ranks.step(batch, version=1)
+        changed = dict(ranks.inference_weights())  # the engines hold the rest
     finally:
         ranks.close()
         remove_placement_group(group)
@@ -440,7 +443,12 @@ def test_two_ranks_make_the_update_one_process_makes_on_the_whole_batch(local_ra
     assert weights.keys() == trained.keys()
     for name, tensor in trained.items():  # what the engines get: the whole model (gathered from shards)
         torch.testing.assert_close(weights[name], tensor, atol=2e-3, rtol=0, msg=name)  # Adam: up to 2 lr apart
-    assert engine.calls == ["sleep", "wake_up"] and engine.asleep_for > 0.5 * metrics["perf/time_train"]
+    last = single.model.config.num_hidden_layers - 1
+    trainable = {n for n in trained if n.startswith(f"model.layers.{last}.") or n == "model.norm.weight"}
+    if strategy == "ddp":  # only the trainable layer and norm changed; fsdp gathers every layer anew and sends it
+        assert set(changed) == trainable
+    assert trainable <= set(changed)
+    assert engine.calls[:2] == ["sleep", "wake_up"] and asleep_for > 0.5 * metrics["perf/time_train"]
     assert len(state["rank_rng"]) == 2 and state["step"] == 1
     assert state["model"].keys() == single.state_dict()["model"].keys()
 
@@ -490,8 +498,9 @@ class TestTwoNodes:
         from agentrl.train import train
 
         config = _cluster_config(
-            tiny_model_dir, tmp_path / "run", "rollout.backend=vllm", "steps=3", "export=true", "max_staleness=0"
-        )
+            tiny_model_dir, tmp_path / "run", "rollout.backend=vllm", "steps=3", "export=true", "max_staleness=0",
+            "trainer.trainable_layers=1",  # after the first sync only the last layer and norm go
+        )  # fmt: skip
         result = train(config)
 
         steps = _steps(result.run_dir)
@@ -519,7 +528,7 @@ class TestTwoNodes:
         killed: list[bool] = []
         config = _cluster_config(
             tiny_model_dir, tmp_path / "run", "rollout.backend=vllm", "cluster.weight_sync=broadcast",
-            "steps=4", "max_staleness=0", "export=true",
+            "steps=4", "max_staleness=0", "export=true", "trainer.trainable_layers=1",
         )  # fmt: skip
         result = train(config, Progress(on_advance=kill_engine_0))
 

@@ -204,8 +204,8 @@ class VLLMPolicy:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """Load the trainer's ``state_dict()`` into the engine (every tensor: the engine is sent those
-        that changed since the last update, :func:`_changed`); return the new version."""
-        changed, held = _changed(self._held, named_tensors)
+        that changed since the last update, :func:`changed_units`); return the new version."""
+        changed, held = changed_units(self._held, named_tensors)
         if changed:
             with _weights_file(changed) as path:
                 self._call(self._push(path))
@@ -213,7 +213,7 @@ class VLLMPolicy:
 
     async def aupdate_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """:meth:`update_weights` without blocking the caller's event loop."""
-        changed, held = _changed(self._held, named_tensors)
+        changed, held = changed_units(self._held, named_tensors)
         if changed:
             with _weights_file(changed) as path:
                 await self._on_loop(self._push(path))
@@ -399,7 +399,7 @@ _LAYER = re.compile(r"^(.*?\.\d+)\.")
 """A decoder layer's prefix in a tensor name (``model.layers.3`` of ``model.layers.3.mlp.up_proj.weight``)."""
 
 
-def _changed(
+def changed_units(
     held: Mapping[str, TensorStamp], named_tensors: Iterable[tuple[str, Any]]
 ) -> tuple[list[tuple[str, Any]], dict[str, TensorStamp]]:
     """The tensors the engine must be sent, and the stamps of what it holds once it has them.
