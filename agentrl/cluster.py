@@ -463,22 +463,21 @@ class WeightBroadcaster:
         """Broadcast the weights rank 0 holds to ``engines`` (:class:`~agentrl.policies.ray_actor.RemotePolicy`
         of vLLM); per engine, its new version or the error it failed with. An engine the broadcast
         did not reach, alive, gets the weights through the object store instead."""
-        results: list[Any]
-        try:
-            if self.members != tuple(id(e) for e in engines):
-                await self._form(engines)
+        joined = await self._form(engines) if self.members != tuple(id(e) for e in engines) else None
+        if joined is None:
             sent, *results = await asyncio.gather(
                 self.rank0.send_weights.remote(), *(e.receive_weights(spec) for e in engines), return_exceptions=True
             )
-        except Exception as e:  # the group could not form: every engine gets the store's copy
-            sent, results = e, [e] * len(engines)
+        else:  # the group did not form: nothing was sent; an engine's own error says whether it died
+            not_formed = RuntimeError("the weight broadcast group did not form")
+            sent, *results = [j if isinstance(j, BaseException) else not_formed for j in joined]
         if isinstance(sent, RayActorError):
             raise TrainerLost(f"trainer rank 0 died while it sent the weights ({type(sent).__name__})") from sent
-        missed = [i for i, r in enumerate(results) if isinstance(r, BaseException) and not engine_died(r)]
         if isinstance(sent, BaseException) or any(isinstance(r, BaseException) for r in results):
             log.warning("the weight broadcast failed (%s); this sync goes through the object store", sent)
             self.members = None  # formed again, with the engines alive then, next sync
             self.fallbacks += 1
+            missed = [i for i, r in enumerate(results) if isinstance(r, BaseException) and not engine_died(r)]
             if missed:
                 shared = SharedWeights((await self.rank0.put_weights.remote())[0])
                 again = await asyncio.gather(
@@ -488,16 +487,21 @@ class WeightBroadcaster:
                     results[i] = result
         return results
 
-    async def _form(self, engines: Sequence[Any]) -> None:
-        """A new group: rank 0 hosts its store, engine *i* joins as member *i + 1* (all at once)."""
+    async def _form(self, engines: Sequence[Any]) -> list[Any] | None:
+        """A new group: rank 0 hosts its store, engine *i* joins as member *i + 1* (all at once).
+        None once formed; else what each member's join returned or raised (rank 0's first)."""
         self.members = None
         host, port = await self.rank0.address.remote()
         world = len(engines) + 1
-        await asyncio.gather(
+        joined = await asyncio.gather(
             self.rank0.join_weights.remote(host, port, world),
             *(engine.join_weights(host, port, world, i + 1) for i, engine in enumerate(engines)),
+            return_exceptions=True,
         )
+        if any(isinstance(j, BaseException) for j in joined):
+            return joined
         self.members = tuple(id(e) for e in engines)
+        return None
 
 
 class BroadcastWeights:

@@ -236,6 +236,22 @@ def test_a_broadcast_forms_its_group_once_and_again_without_a_dead_engine():
     assert rank0.calls[-2:] == ["join 3", "send"] and engines[2].joined == [3, 2]  # re-formed without it
 
 
+def test_an_engine_dead_when_the_group_forms_is_dropped_and_the_others_get_the_store_copy():
+    from agentrl.cluster import BroadcastWeights, WeightBroadcaster
+
+    rank0, engines = FakeRank0(), [BroadcastEngine(0), BroadcastEngine(1)]
+
+    async def dead_join(*args):
+        raise EngineClosed("engine 1 is gone")
+
+    engines[1].join_weights = dead_join  # died while idle: the router does not know yet
+    router = RouterPolicy(engines)
+    assert asyncio.run(router.aupdate_weights(BroadcastWeights(WeightBroadcaster(rank0), []))) == 1
+    assert router.live == [0]  # only the engine that died is lost
+    assert [type(u).__name__ for u in engines[0].updates] == ["SharedWeights"]  # nothing was broadcast
+    assert "send" not in rank0.calls
+
+
 def test_an_engine_the_broadcast_missed_gets_the_weights_through_the_object_store():
     from agentrl.cluster import BroadcastWeights, WeightBroadcaster
 

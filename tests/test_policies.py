@@ -216,7 +216,7 @@ def test_the_rollout_example_config_runs_with_a_tiny_budget(tiny_model_dir, tmp_
 
 
 def test_a_vllm_update_names_whole_layers_that_changed_and_nothing_unchanged():
-    from agentrl.policies.vllm import _changed
+    from agentrl.policies.vllm import changed_units
 
     embed = torch.zeros(8, 4)
     state = {
@@ -228,19 +228,22 @@ def test_a_vllm_update_names_whole_layers_that_changed_and_nothing_unchanged():
         "model.norm.weight": torch.zeros(4),
         "lm_head.weight": embed,  # tied
     }
-    sent, held = _changed({}, state.items())
+    sent, held = changed_units({}, state.items())
     assert [name for name, _ in sent] == list(state)  # a new engine gets everything
     state["model.layers.1.self_attn.q_proj.weight"].add_(1.0)  # an optimizer step on layer 1's q alone
-    sent, held = _changed(held, state.items())
+    sent, held = changed_units(held, state.items())
     assert [name for name, _ in sent] == [
         "model.layers.1.self_attn.q_proj.weight",
         "model.layers.1.self_attn.k_proj.weight",  # vLLM reloads q, k and v as one matrix
     ]
-    assert _changed(held, state.items())[0] == []
+    assert changed_units(held, state.items())[0] == []
     embed.add_(1.0)  # a trained embedding goes with its tied head
-    assert [name for name, _ in _changed(held, state.items())[0]] == ["model.embed_tokens.weight", "lm_head.weight"]
+    assert [name for name, _ in changed_units(held, state.items())[0]] == [
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+    ]
     state["model.norm.weight"] = torch.zeros(4)  # a new tensor: sent, whatever it holds
-    assert [name for name, _ in _changed(held, state.items())[0]] == [
+    assert [name for name, _ in changed_units(held, state.items())[0]] == [
         "model.embed_tokens.weight",
         "model.norm.weight",
         "lm_head.weight",

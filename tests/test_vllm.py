@@ -120,13 +120,19 @@ def test_calls_running_when_the_engine_is_closed_raise_engine_closed_not_a_cance
         policy.close()
 
 
+def _engine_cores() -> list[psutil.Process]:
+    """This process's vLLM engine-core processes (the module's shared engine has one too)."""
+    return [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+
+
 def test_an_update_sent_to_an_engine_core_that_then_dies_raises_engine_dead_error(tiny_model_dir):
     # vLLM leaves a collective_rpc waiting forever when its engine core dies after the call was
     # sent; `agentrl train` hung there when a core was killed during a weight update.
+    before = _engine_cores()
     policy = VLLMPolicy(tiny_model_dir, max_model_len=1024, seed=0)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
-        (core,) = [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+        (core,) = [p for p in _engine_cores() if p.pid not in {b.pid for b in before}]  # this policy's
         weights = list(reference_model(tiny_model_dir).state_dict().items())
         core.suspend()  # the update is sent and waits for a reply
         update = pool.submit(policy.update_weights, weights)

@@ -25,8 +25,11 @@ import torch
 BUCKET_BYTES = 256 * 2**20
 """The most bytes one broadcast moves (a bucket); a tensor larger than this goes alone."""
 
+JOIN_TIMEOUT = datetime.timedelta(minutes=2)
+"""How long member 0 waits for the others to join (one that died before it could: the join fails then)."""
+
 TIMEOUT = datetime.timedelta(minutes=5)
-"""How long a member waits for the others, to join or in a broadcast (a dead member ends it then)."""
+"""How long a member waits for the others in a broadcast."""
 
 
 class TensorSpec(NamedTuple):
@@ -58,7 +61,7 @@ def buckets(spec: Sequence[TensorSpec], limit: int = BUCKET_BYTES) -> list[list[
 
 def join(host: str, port: int, world: int, member: int, device: str, timeout: datetime.timedelta = TIMEOUT) -> Any:
     """This process's handle on the broadcast group: member 0 (rank 0) hosts its store at ``host:port``."""
-    store = torch.distributed.TCPStore(host, port, world, is_master=member == 0, timeout=timeout)
+    store = torch.distributed.TCPStore(host, port, world, is_master=member == 0, timeout=JOIN_TIMEOUT)
     store = torch.distributed.PrefixStore("agentrl-weights", store)
     if device == "cuda":
         options = torch.distributed.ProcessGroupNCCL.Options()
