@@ -121,8 +121,15 @@ def test_calls_running_when_the_engine_is_closed_raise_engine_closed_not_a_cance
 
 
 def _engine_cores() -> list[psutil.Process]:
-    """This process's vLLM engine-core processes (the module's shared engine has one too)."""
-    return [p for p in psutil.Process().children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+    """This process's live vLLM engine-core processes (the module's shared engine has one too)."""
+    cores = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if "EngineCore" in " ".join(process.cmdline()):
+                cores.append(process)
+        except psutil.Error:  # exited, or a closed engine's zombie
+            pass
+    return cores
 
 
 def test_an_update_sent_to_an_engine_core_that_then_dies_raises_engine_dead_error(tiny_model_dir):
