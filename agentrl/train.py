@@ -44,6 +44,7 @@ live: the settings in :mod:`agentrl.train_config`, the set-up in :mod:`agentrl.b
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -185,6 +186,8 @@ def _train_one_policy(config: TrainConfig, progress: Progress, policy: Policy | 
             log.info("resumed from %s at step %d", checkpoints[-1], state.step)
         if checkpoints or not own_policy:  # the engine must serve exactly the trainer's weights
             policy.update_weights(trainer.inference_weights())
+        elif cluster is None:  # it does: both loaded model_path, so the first sync sends what step 1 changed
+            policy.serves(trainer.inference_weights())
         env_kwargs = {**config.rollout.env_kwargs, "split": "train"}
         engine = (  # with ray_address, env workers on the cluster play against the policy actor
             ray_session.env_workers(config.rollout, model_path, env_kwargs, config.imports)
@@ -199,9 +202,13 @@ def _train_one_policy(config: TrainConfig, progress: Progress, policy: Policy | 
             if config.eval_episodes and state.eval_before is None:
                 state.eval_before = controller.evaluate(step=0)
             asyncio.run(controller.run())
-            eval_after = controller.evaluate(step=state.step) if config.eval_episodes else None
-            controller.checkpoint()
-        model_dir = _export(trainer, model_path, policy.tokenizer, run_dir / "model") if config.export else None
+            # The trainer has nothing left to do while the engine plays the last evaluation: the
+            # final checkpoint and the exported model are written meanwhile.
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentrl-save") as pool:
+                export = run_dir / "model" if config.export else None
+                saving = pool.submit(_save_run, controller, trainer, model_path, policy.tokenizer, export)
+                eval_after = controller.evaluate(step=state.step) if config.eval_episodes else None
+                model_dir = saving.result()
     finally:
         if cluster is not None:
             cluster.close()
@@ -225,6 +232,14 @@ def _start_cluster(config: TrainConfig, settings: TrainConfig, model_path: str) 
         torch_threads=config.torch_threads,
         sleep=colocated_gpus,  # the engines sleep while the ranks step on their GPUs
     )
+
+
+def _save_run(
+    controller: Controller, trainer: Any, model_path: str, tokenizer: Any, export: Path | None
+) -> Path | None:
+    """The run's last checkpoint, then its model exported to ``export`` (None: not exported)."""
+    controller.checkpoint()
+    return _export(trainer, model_path, tokenizer, export) if export is not None else None
 
 
 def _export(trainer: Any, model_path: str, tokenizer: Any, out: Path) -> Path:

@@ -14,6 +14,7 @@ import torch
 from agentrl.faults import EngineLost, RunFailed
 from agentrl.policies import EngineClosed, Generation, Sampling
 from agentrl.policies.supervisor import EngineSupervisor, engine_died
+from agentrl.policies.vllm import changed_units
 from agentrl.rollout import EpisodeLimits, run_episode
 from agentrl.testing import ScriptedPolicy
 
@@ -262,6 +263,31 @@ def test_only_tensors_changed_since_the_last_update_are_copied_again():
     assert second["frozen"] is first["frozen"] and second["trained"] is not first["trained"]
     assert torch.equal(first["trained"], torch.zeros(3)) and torch.equal(second["trained"], torch.ones(3))
     assert second["frozen"].data_ptr() != frozen.data_ptr()  # a copy, not the trainer's tensor
+
+
+class ServingEngine(FakeEngine):
+    """Sent only the tensors that changed since it was told what it serves, as VLLMPolicy."""
+
+    held: dict = {}
+
+    def serves(self, named_tensors):
+        self.held = changed_units({}, named_tensors)[1]
+
+    def update_weights(self, named_tensors):
+        named_tensors = list(named_tensors)
+        self.sent, self.held = changed_units(self.held, named_tensors)
+        return super().update_weights(named_tensors)
+
+
+def test_an_engine_told_what_it_serves_is_passed_the_copies_the_first_update_reuses():
+    policy = EngineSupervisor(lambda: ServingEngine(0), max_restarts=1)
+    frozen, trained = torch.zeros(3), torch.zeros(3)
+    weights = [("model.layers.0.weight", frozen), ("model.layers.1.weight", trained)]
+    policy.serves(weights)
+    trained.add_(1.0)
+    policy.update_weights(weights)
+    assert [name for name, _ in policy.policy.sent] == ["model.layers.1.weight"]
+    assert torch.equal(policy.policy.loaded["model.layers.1.weight"], torch.ones(3))
 
 
 def test_a_tensor_changed_past_its_version_counter_or_new_is_copied_again():

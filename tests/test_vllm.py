@@ -88,6 +88,22 @@ def test_an_update_sends_only_the_layers_that_changed_and_the_engine_keeps_the_r
     assert vllm_policy.sent_bytes == 0  # nothing changed
 
 
+def test_an_engine_told_what_it_serves_is_sent_only_what_the_first_update_changed(vllm_policy, tiny_model_dir):
+    vllm_policy.update_weights(reference_model(tiny_model_dir).state_dict().items())  # what it serves now
+    model = reference_model(tiny_model_dir)  # the trainer's own copy of the same checkpoint
+    vllm_policy.serves(model.state_dict().items())
+    top = model.model.layers[-1]
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for parameter in top.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    version = vllm_policy.update_weights(model.state_dict().items())
+    assert vllm_policy.sent_bytes == sum(p.numel() * p.element_size() for p in top.parameters())
+    trajectories = play(vllm_policy, groups=1)
+    assert all(v == version for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m)
+    assert max_logprob_gap(model, trajectories) < 1e-4
+
+
 def test_a_cancelled_request_is_aborted_and_the_engine_serves_on(vllm_policy):
     prompt = vllm_policy.tokenizer.encode("Count to a thousand:")
 

@@ -130,6 +130,14 @@ class EngineSupervisor:
             if version is not None:
                 return version
 
+    def serves(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Tell the engine that it serves these tensors already (``VLLMPolicy.serves``: its first update
+        then sends only what changed); a backend without the method is left alone. A new engine
+        starts from the same checkpoint, so this holds for it too until the first update."""
+        serves = getattr(self.policy, "serves", None)
+        if serves is not None:  # the engine is told of the copies that updates will pass it
+            serves(self._keep(named_tensors))
+
     def metrics(self) -> dict[str, float]:
         """``fault/engine_restarts`` and ``fault/engine_seconds_lost`` so far."""
         return {"fault/engine_restarts": float(self.restarts), "fault/engine_seconds_lost": self.seconds_lost}

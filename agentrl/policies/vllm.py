@@ -202,6 +202,12 @@ class VLLMPolicy:
         else:  # closed: the engine is gone, only the directory is left
             _remove_dir(self._adapter_dirs.pop(adapter.lora_int_id, None))
 
+    def serves(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Take note that the engine already serves these tensors (the trainer loaded them from the
+        checkpoint the engine was started from), so that the first update sends only what changed
+        from them, as later ones do; nothing is sent and the version stays."""
+        self._held = changed_units({}, named_tensors)[1]
+
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> int:
         """Load the trainer's ``state_dict()`` into the engine (every tensor: the engine is sent those
         that changed since the last update, :func:`changed_units`); return the new version."""
