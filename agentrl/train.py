@@ -23,7 +23,8 @@ Before the first step and after the last, ``eval_episodes`` held-out episodes ar
 ``test`` split); metrics go to ``RUN_DIR/metrics.jsonl`` (TensorBoard and wandb on request), a
 checkpoint every ``checkpoint_every`` steps (written right after the optimizer step, before its
 weights go to the engine, so that a fault there cannot cost the step), the trained model to
-``RUN_DIR/model`` and the curves to ``RUN_DIR/curves.png``.
+``RUN_DIR/model`` and the curves to ``RUN_DIR/curves.png``. The last checkpoint and the model are
+written while the engine plays the last evaluation.
 
 An inference engine that dies under the run (vLLM's engine core, a Ray policy actor) is replaced by
 a new one with the last weights, up to ``max_engine_restarts`` times
