@@ -8,8 +8,8 @@
 The job is examples/quickstart.yaml as it stands (``key=value`` arguments override it for both
 sides): SmolLM2-135M-Instruct learns ``agentrl/ToolArithmetic-v0`` (call the calculator, then
 submit its result; up to 3 turns, reward from the env) with GRPO, groups of 8, 2 groups per step,
-lr 3e-5, the top 8 decoder layers trainable, temperature 0.7, 32 new tokens per turn, one torch
-thread. Each side runs in its own process, one after the other, and is measured the same way:
+lr 5e-5 (3e-5 before 2026-12-03), the top 8 decoder layers trainable, temperature 0.7, 32 new tokens
+per turn, one torch thread. Each side runs in its own process, one after the other, and is measured the same way:
 
 - **agentrl**: ``agentrl train examples/quickstart.yaml`` (rollouts on vLLM one batch ahead of the
   GRPO steps), timed from start to exit; it evaluates before and after (and every
