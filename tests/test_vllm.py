@@ -74,34 +74,31 @@ def test_an_update_sends_only_the_layers_that_changed_and_the_engine_keeps_the_r
     state = model.state_dict()
     vllm_policy.update_weights(state.items())
     assert vllm_policy.sent_bytes == sum(t.numel() * t.element_size() for t in state.values())  # all new to it
-    top = model.model.layers[-1]  # trained alone, as with trainable_layers=1
-    generator = torch.Generator().manual_seed(2)
+    update_the_top_layer_alone(vllm_policy, model, seed=2)
+    vllm_policy.update_weights(model.state_dict().items())
+    assert vllm_policy.sent_bytes == 0  # nothing changed
+
+
+def update_the_top_layer_alone(policy, model, seed):
+    """Train ``model``'s top layer alone (as with trainable_layers=1), update ``policy``, and check that
+    only that layer went and that the engine now serves the new top layer with the others as they were."""
+    top = model.model.layers[-1]
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for parameter in top.parameters():
             parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    version = vllm_policy.update_weights(model.state_dict().items())
-    assert vllm_policy.sent_bytes == sum(p.numel() * p.element_size() for p in top.parameters())
-    trajectories = play(vllm_policy, groups=1)
+    version = policy.update_weights(model.state_dict().items())
+    assert policy.sent_bytes == sum(p.numel() * p.element_size() for p in top.parameters())
+    trajectories = play(policy, groups=1)
     assert all(v == version for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m)
-    assert max_logprob_gap(model, trajectories) < 1e-4  # the new top layer, the others as they were
-    vllm_policy.update_weights(model.state_dict().items())
-    assert vllm_policy.sent_bytes == 0  # nothing changed
+    assert max_logprob_gap(model, trajectories) < 1e-4
 
 
 def test_an_engine_told_what_it_serves_is_sent_only_what_the_first_update_changed(vllm_policy, tiny_model_dir):
     vllm_policy.update_weights(reference_model(tiny_model_dir).state_dict().items())  # what it serves now
     model = reference_model(tiny_model_dir)  # the trainer's own copy of the same checkpoint
     vllm_policy.serves(model.state_dict().items())
-    top = model.model.layers[-1]
-    generator = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for parameter in top.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    version = vllm_policy.update_weights(model.state_dict().items())
-    assert vllm_policy.sent_bytes == sum(p.numel() * p.element_size() for p in top.parameters())
-    trajectories = play(vllm_policy, groups=1)
-    assert all(v == version for t in trajectories for v, m in zip(t.versions, t.loss_mask) if m)
-    assert max_logprob_gap(model, trajectories) < 1e-4
+    update_the_top_layer_alone(vllm_policy, model, seed=3)
 
 
 def test_a_cancelled_request_is_aborted_and_the_engine_serves_on(vllm_policy):
