@@ -295,8 +295,12 @@ def train_policies(config: TrainConfig, progress: Progress | None = None) -> Tra
             for policy_id in policies
         }
         for lane in lanes.values():
-            if checkpoints and lane.trainer is not None:  # the engine must serve exactly the trainer's weights
+            if lane.trainer is None:
+                continue
+            if checkpoints:  # the engine must serve exactly the trainer's weights
                 lane.policy.update_weights(lane.weights())
+            elif isinstance(lane.policy, EngineSupervisor):  # its own engine loaded the same model: tell it so,
+                lane.policy.serves(lane.weights())  # and step 1's sync sends only what step 1 changed
         engine = build_engine(
             env_id,
             served,

@@ -321,6 +321,47 @@ def test_lora_policies_on_one_vllm_engine_train_with_the_engines_logprobs(tiny_m
 
 
 @pytest.mark.slow
+def test_a_full_weight_policy_on_vllm_sends_step_ones_changes_alone_and_the_engine_keeps_up(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    from agentrl.policies.vllm import VLLMPolicy
+
+    sent: list[int] = []  # bytes each update sent the engine
+    updated = VLLMPolicy._updated
+
+    def spy(self, changed, held):
+        version = updated(self, changed, held)
+        sent.append(self.sent_bytes)
+        return version
+
+    monkeypatch.setattr(VLLMPolicy, "_updated", spy)
+    config = _config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "rollout.backend=vllm",
+        "rollout.max_length=512",
+        "mapping=all",
+        "steps=2",
+        "max_staleness=0",
+        "trainer.trainable_layers=1",
+        policies={"default": {"weights": "full"}},
+    )
+    result = train(config)
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    whole = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    top = sum(t.numel() * t.element_size() for t in model.model.layers[-1].state_dict().values())
+    # the engine was told it serves the starting weights, so step 1 sent only the trained top layer
+    assert len(sent) == 2 and all(0 < n <= top + 2 * model.model.norm.weight.nbytes for n in sent), (sent, whole)
+    steps = _steps(result.run_dir, "default")
+    # step 2's batch was sampled after that partial update: the engine served the trainer's weights
+    assert [m["train/default/policy_version"] for m in steps] == [1.0, 2.0]
+    assert max(m["train/default/engine_logprob_gap"] for m in steps) < 1e-4
+
+
+@pytest.mark.slow
 def test_kill_9_and_resume_loses_and_repeats_no_batch_of_any_policy(tiny_model_dir, tmp_path):
     import os
     import signal
