@@ -59,7 +59,7 @@ METRICS: Mapping[str, str] = {
     "train/policy_loss": "the policy-gradient (clipped surrogate) part of the loss",
     "train/value_loss": "the critic's loss (PPO with a value head only)",
     "train/kl": "mean per-token KL estimate of the policy from the reference policy, on generated tokens",
-    "train/entropy": "mean per-token entropy of the policy on generated tokens",
+    "train/entropy": "mean per-token entropy of the policy on generated tokens (of the rows computed: see train/computed_fraction; so are the clip fraction, approx KL, importance-weight and log-prob-gap figures)",
     "train/clip_fraction": "share of generated tokens whose probability ratio was clipped",
     "train/approx_kl": "k3 estimate of KL(behaviour policy || updated policy) on generated tokens: how far the update moved",
     "train/engine_logprob_gap": (
@@ -91,6 +91,7 @@ METRICS: Mapping[str, str] = {
     "train/jensen_bound": "jepo: the groups' Jensen lower bound on log p(reference | prompt), per reference token, before the update",
     "train/unscored_trajectories": "jepo: trajectories of this step without a reference answer (cut off before the env gave it); not trained on",
     "train/effective_group_fraction": "share of this step's groups whose rewards are not all equal (the others give GRPO no signal)",
+    "train/computed_fraction": "share of this step's trajectories the trainer ran forward and backward: a row whose advantages are all 0 (a GRPO group of equal rewards) adds nothing to a loss that is the policy-gradient term alone, so it is skipped (not with an entropy bonus, KL term, critic or JEPO term, nor in data-parallel runs); its tokens still count in the loss's normalisers, so the update is the same",
     "train/trajectories": "trajectories this step trained on",
     "train/generated_tokens": "generated (loss-masked) tokens this step trained on",
     "train/behaviour_version_min": "oldest policy version that sampled a trained token (-1 when unknown)",
@@ -102,7 +103,7 @@ METRICS: Mapping[str, str] = {
     # Throughput and where the time went.
     "perf/tokens_per_s": "generated tokens per second of the whole step (rollout, training and weight sync)",
     "perf/rollout_tokens_per_s": "generated tokens per second of rollout wall time",
-    "perf/train_tokens_per_s": "tokens (prompt and response) the trainer processed per second of training time",
+    "perf/train_tokens_per_s": "tokens (prompt and response) of the trained batch per second of training time (rows skipped for having no gradient included)",
     "perf/time_rollout": "seconds spent collecting this step's rollouts",
     "perf/time_train": "seconds spent in forward, backward and optimizer step",
     "perf/time_sync": "seconds spent publishing the new weights to the inference engine",

@@ -13,7 +13,8 @@ bottom:
    GiGPO, or GAE for PPO, which also gives the critic's returns); for JEPO the rewards are first
    replaced by the log-likelihood the policy gives each trajectory's reference answer;
 4. for each epoch and mini-batch: micro-batches with gradient accumulation, each loss aggregated
-   with the whole mini-batch's token and sequence counts (so accumulation changes nothing), then
+   with the whole mini-batch's token and sequence counts (so accumulation changes nothing; rows
+   whose loss has no gradient, such as a GRPO group of equal rewards, are not computed), then
    gradient clipping, an optimizer step and a scheduler step. JEPO adds its supervised term on the
    reference answers, from the same forward pass.
 
@@ -67,6 +68,16 @@ Algorithm = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "ppo", "gigpo", "
 ESTIMATOR_OF: dict[str, str] = {"ppo": "gae"}
 """The advantage estimator of an algorithm whose name is not an estimator's: PPO's critic-based
 advantages (and the critic's targets) are GAE's. Every other algorithm is its estimator's name."""
+
+TOKEN_MEANS = (
+    "train/entropy",
+    "train/clip_fraction",
+    "train/approx_kl",
+    "train/is_weight_mean",
+    "train/is_capped_fraction",
+)
+"""Metrics that are means over the tokens of the rows a step computes (rows without a gradient are
+skipped: :meth:`Trainer._rows_with_gradient`)."""
 
 STALE_CORRECTION: Literal["tis", "decoupled"] = "decoupled"
 """What ``correction="auto"`` applies to a batch with stale tokens (docs/algorithms.md has the
@@ -307,12 +318,16 @@ class Trainer:
             self.value_optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
         gaps = torch.zeros(4, dtype=torch.float64)
-        for micro, micro_stale in zip(mini.split(config.micro_batch_size), stale.split(config.micro_batch_size)):
+        rows = self._rows_with_gradient(mini)
+        computed, stale = mini.select(rows), stale[rows]
+        for micro, micro_stale in zip(computed.split(config.micro_batch_size), stale.split(config.micro_batch_size)):
             losses = self._losses(micro, micro_stale, correction, num_tokens, num_seqs, norm_length, num_reference)
             losses.pop("loss").backward()
             gaps += losses.pop("gaps")
             for name, value in losses.items():
                 sums[name] = sums.get(name, 0.0) + float(value)
+        if len(computed) < len(mini):  # means over the rows computed, not diluted by the skipped ones
+            _rescale_means(sums, mini, computed, config.loss_aggregation)
         grad_norm = self._finish_gradients(self.model, self.optimizer)
         self.optimizer.step()
         self.scheduler.step()
@@ -323,6 +338,7 @@ class Trainer:
             names = sorted(sums)
             sums = dict(zip(names, _all_sum(torch.tensor([sums[n] for n in names], dtype=torch.float64)).tolist()))
         sums["train/grad_norm"] = grad_norm
+        sums["train/computed_fraction"] = len(computed) / len(mini)
         return sums, gaps
 
     def _losses(
@@ -411,6 +427,29 @@ class Trainer:
         return parts
 
     # --- pieces ----------------------------------------------------------------------------------
+
+    def _rows_with_gradient(self, mini: Batch) -> torch.Tensor:
+        """The rows of ``mini`` to compute: those whose loss has a gradient.
+
+        When the loss is the policy-gradient term alone (no entropy bonus, KL term, critic or JEPO
+        term), a row whose advantages are all 0, as in a GRPO group of equal rewards, adds exactly
+        nothing to the gradient, so it is not computed; its tokens still count in the loss's
+        normalisers, so the update is the same. At least one row is kept, so that every parameter
+        gets its gradient (zero or not) as usual. Data-parallel processes compute every row: FSDP's
+        collectives need the same passes on every process."""
+        everything = torch.arange(len(mini))
+        config = self.config
+        assert mini.advantages is not None  # step() estimates them before any update
+        if (
+            config.entropy_coef
+            or mini.ref_logprobs is not None
+            or self.value_model is not None
+            or mini.reference_weights is not None
+            or _data_parallel()
+        ):
+            return everything
+        live = ((mini.advantages != 0) & (mini.loss_mask > 0)).any(dim=-1).nonzero().squeeze(-1).cpu()
+        return live if live.numel() else everything[:1]
 
     def _logprobs(self, model: nn.Module, batch: Batch) -> torch.Tensor:
         parts = [
@@ -586,6 +625,17 @@ def _clip_sharded(params: list[nn.Parameter], max_norm: float) -> float:
         for param in params:
             param.grad.mul_(scale)
     return float(total)
+
+
+def _rescale_means(sums: dict[str, float], whole: Batch, computed: Batch, aggregation: str) -> None:
+    """Make the :data:`TOKEN_MEANS` in ``sums``, divided by ``whole``'s counts as the loss is, means
+    over the rows of ``computed`` alone."""
+    by_tokens = whole.num_tokens / max(computed.num_tokens, 1)
+    by_seqs = whole.num_seqs / max(computed.num_seqs, 1)
+    for name in TOKEN_MEANS:
+        if name in sums:
+            aggregated = name == "train/entropy" and aggregation != "token-mean"  # as the loss: over sequences
+            sums[name] *= by_seqs if aggregated else by_tokens
 
 
 def _stale_tokens(batch: Batch, version: int | None) -> torch.Tensor:

@@ -407,9 +407,43 @@ def test_mixed_batches_split_the_gap_by_token_version(tiny_model_dir, trajectori
     assert abs(metrics["train/policy_lag_logprob_gap"] - math.log(1.2)) < 1e-3
 
 
+def _with_rewards(trajectories: list, rewards: list[float]) -> list:
+    return [dataclasses.replace(t, reward=float(r), turn_rewards=[float(r)]) for t, r in zip(trajectories, rewards)]
+
+
 def test_effective_group_fraction_counts_groups_with_unequal_rewards(tiny_model_dir, trajectories):
     # four groups of four: two all alike (1 1 1 1, 0 0 0 0), two not
     rewards = [1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0.5, 0.5, 0.5, 0.25]
-    rewarded = [dataclasses.replace(t, reward=float(r), turn_rewards=[float(r)]) for t, r in zip(trajectories, rewards)]
+    rewarded = _with_rewards(trajectories, rewards)
     assert len({t.group_id for t in rewarded}) == 4
     assert _trainer(tiny_model_dir).step(rewarded)["train/effective_group_fraction"] == 0.5
+
+
+def test_rows_without_gradient_are_not_computed_and_the_update_is_the_same(tiny_model_dir, trajectories, monkeypatch):
+    # groups 1 and 2 have equal rewards: their GRPO advantages are 0, their rows add no gradient
+    rewarded = _with_rewards(trajectories, [1, 1, 1, 1, 0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0, 1])
+    skipping, computing = _trainer(tiny_model_dir, micro_batch_size=4), _trainer(tiny_model_dir, micro_batch_size=4)
+    a = skipping.step(rewarded)
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "_rows_with_gradient", lambda self, mini: torch.arange(len(mini)))
+        b = computing.step(rewarded)
+
+    assert a["train/computed_fraction"] == 0.5 and b["train/computed_fraction"] == 1.0
+    assert a["train/policy_loss"] == pytest.approx(b["train/policy_loss"], abs=1e-7)
+    assert a["train/grad_norm"] == pytest.approx(b["train/grad_norm"], rel=1e-5)
+    grads_a, grads_b = _grads(skipping), _grads(computing)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], atol=1e-7, rtol=1e-5)
+    for (name, p), q in zip(skipping.model.named_parameters(), computing.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-7, rtol=1e-6, msg=name)
+    # the token means are the computed rows' own, as if the trainer had been given those rows alone
+    alone = _trainer(tiny_model_dir, micro_batch_size=4).step(rewarded[8:])
+    for name in ("train/entropy", "train/clip_fraction", "train/approx_kl", "train/engine_logprob_gap"):
+        assert a[name] == pytest.approx(alone[name], rel=1e-5, abs=1e-9), name
+
+
+def test_a_batch_without_signal_computes_one_row_and_an_entropy_bonus_every_row(tiny_model_dir, trajectories):
+    rewarded = _with_rewards(trajectories, [1] * 16)  # no group has signal
+    assert _trainer(tiny_model_dir).step(rewarded)["train/computed_fraction"] == 1 / 16  # one row, for the gradients
+    assert _trainer(tiny_model_dir, entropy_coef=0.01).step(rewarded)["train/computed_fraction"] == 1.0
