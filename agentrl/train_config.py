@@ -286,6 +286,12 @@ class TrainConfig:
                 f"tail_batching is synchronous and needs max_staleness 0 and tail_extra > 0, got {self.max_staleness} "
                 f"and {self.tail_extra}: set max_staleness=0 (tail batching replaces running ahead), or drop tail_batching."
             )
+        if self.tail_batching and self.curriculum.selection == "filter":
+            raise ValueError(
+                "tail_batching trains the first groups of a round to finish, with no room to drop and replace "
+                "those of equal rewards (curriculum.selection filter): set curriculum.selection=uniform, or "
+                "drop tail_batching."
+            )
         if self.rollout.temperature <= 0:
             raise ValueError(
                 "rollout.temperature must be above 0 for training: greedy samples of a group are all alike and have "

@@ -1,15 +1,16 @@
 """End to end: the main job (``agentrl train examples/quickstart.yaml``) against TRL's GRPOTrainer on it.
 
-    python benchmarks/e2e_vs_trl.py                       # both sides, 8 steps each: about half an hour on 2 cores
+    python benchmarks/e2e_vs_trl.py                       # both sides, the job's 6 steps each: under half an hour on 2 cores
     python benchmarks/e2e_vs_trl.py --steps 16 --eval-every 4   # longer, with held-out points along the way
     python benchmarks/e2e_vs_trl.py --only trl trainer.lr=1e-5  # one side; key=value changes both sides' job
     python benchmarks/e2e_vs_trl.py --quick               # smoke test: tiny model, hf backend, 1 step, 8 eval episodes
 
-The job is examples/quickstart.yaml as it stands (``key=value`` arguments override it for both
-sides): SmolLM2-135M-Instruct learns ``agentrl/ToolArithmetic-v0`` (call the calculator, then
-submit its result; up to 3 turns, reward from the env) with GRPO, groups of 8, 2 groups per step,
-lr 5e-5 (3e-5 before 2026-12-03), the top 8 decoder layers trainable, temperature 0.7, 32 new tokens
-per turn, one torch thread. Each side runs in its own process, one after the other, and is measured the same way:
+The job is examples/quickstart.yaml as it stands, less its filter of groups with equal rewards
+(:data:`UNIFORM`; ``key=value`` arguments override it for both sides): SmolLM2-135M-Instruct learns
+``agentrl/ToolArithmetic-v0`` (call the calculator, then submit its result; up to 3 turns, reward
+from the env) with GRPO, groups of 8, 2 groups per step, lr 5e-5 (3e-5 before 2026-12-03), the top
+8 decoder layers trainable, temperature 0.7, 32 new tokens per turn, one torch thread. Each side
+runs in its own process, one after the other, and is measured the same way:
 
 - **agentrl**: ``agentrl train examples/quickstart.yaml`` (rollouts on vLLM one batch ahead of the
   GRPO steps), timed from start to exit; it evaluates before and after (and every
@@ -115,6 +116,10 @@ from agentrl.types import Message, ToolCall
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = ROOT / "examples" / "quickstart.yaml"
+UNIFORM = ["curriculum.selection=uniform"]
+"""Both sides train every group they play. The job drops groups of equal rewards and plays others
+(DAPO's dynamic sampling, ``curriculum.selection: filter``); TRL's GRPOTrainer has no such option
+(its experimental replay-buffer trainer swaps such groups for earlier ones instead)."""
 QUICK = ["rollout.backend=hf", "steps=1", "eval_episodes=8", "trainer.trainable_layers=1"]
 """The smoke test's job (with the tiny model): the tiny Llama has 2 layers."""
 TRL_RESULT, HELD_OUT_RESULT = "trl.json", "held_out.json"
@@ -610,7 +615,7 @@ def tiny_job_model(directory: Path) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="key=value changes to the job, for both sides")
-    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the job's 8)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps (default: the job's)")
     parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every this many steps")
     parser.add_argument("--target", type=float, default=0.8, help="held-out success to reach")
     parser.add_argument("--only", choices=("agentrl", "trl"), help="run one side only")
@@ -628,7 +633,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     transformers_logging.disable_progress_bar()  # the tiny model's saving bar
     with tempfile.TemporaryDirectory(prefix="e2e-vs-trl-") as tmp:
-        overrides = list(args.overrides)
+        overrides = [*UNIFORM, *args.overrides]
         if args.quick:
             overrides = [f"rollout.model={tiny_job_model(Path(tmp) / 'tiny')}", *QUICK, *overrides]
         if args.steps is not None:

@@ -56,6 +56,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-episodes", type=int, default=64, help="held-out episodes before and after training")
     parser.add_argument("--trainable-layers", type=int, default=8, help="train only the top N decoder layers (0 = all)")
     parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus (0 = off, as in the quickstart)")
+    parser.add_argument("--max-filtered", type=int, default=16, help="groups of equal rewards a step may drop")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tasks, the sampler and the trainer")
     return parser.parse_args()
 
@@ -135,12 +136,21 @@ async def main(args: argparse.Namespace) -> None:
 
         for step in range(1, args.steps + 1):
             started = time.perf_counter()
-            # Play groups until a batch is ready (a group with a failed episode is dropped and replaced).
-            while len(buffer) < args.groups:
-                played = await engine.collect(num_groups=args.groups - len(buffer), buffer=buffer)
-                if all(t.error is not None for t in played):
-                    raise RuntimeError(f"every episode failed: {played[0].error}")
-            groups = buffer.get_nowait(args.groups)
+            # Play groups until a batch is ready. A group with a failed episode is dropped and replaced;
+            # so is one whose episodes all got the same reward (GRPO learns nothing from it: DAPO's
+            # dynamic sampling), up to --max-filtered a step.
+            groups: list = []
+            filtered = 0
+            while len(groups) < args.groups:
+                while len(buffer) < args.groups - len(groups):
+                    played = await engine.collect(num_groups=args.groups - len(groups) - len(buffer), buffer=buffer)
+                    if all(t.error is not None for t in played):
+                        raise RuntimeError(f"every episode failed: {played[0].error}")
+                for group in buffer.get_nowait(args.groups - len(groups)):
+                    if len({t.reward for t in group}) > 1 or filtered >= args.max_filtered:
+                        groups.append(group)
+                    else:
+                        filtered += 1
             batch = [trajectory for group in groups for trajectory in group]
 
             metrics = trainer.step(batch)  # advantages within each group, clipped surrogate, one AdamW step
@@ -151,7 +161,7 @@ async def main(args: argparse.Namespace) -> None:
             print(
                 f"step {step}/{args.steps}  reward {rollout['rollout/reward_mean']:.3f}  "
                 f"success {rollout['rollout/success_rate']:.3f}  loss {metrics['train/loss']:+.4f}  "
-                f"entropy {metrics['train/entropy']:.3f}  policy version {version}  "
+                f"entropy {metrics['train/entropy']:.3f}  filtered {filtered}  policy version {version}  "
                 f"{time.perf_counter() - started:.1f} s",
                 flush=True,
             )

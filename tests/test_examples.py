@@ -18,7 +18,7 @@ def test_the_grpo_script_runs_its_loop_and_moves_the_weights(tiny_model_dir):
     # The random tiny model never solves ToolArithmetic, so every GRPO advantage is 0 and the loss
     # has no gradient; the entropy bonus gives it one, so that the update has to reach the weights.
     tiny = ["--model", str(tiny_model_dir), "--backend", "hf", "--steps", "2", "--groups", "1", "--group-size", "2",
-            "--eval-episodes", "2", "--trainable-layers", "1", "--entropy-coef", "0.01"]  # fmt: skip
+            "--eval-episodes", "2", "--trainable-layers", "1", "--entropy-coef", "0.01", "--max-filtered", "1"]  # fmt: skip
     done = subprocess.run(
         [sys.executable, str(script), *tiny],
         check=False,
@@ -32,6 +32,8 @@ def test_the_grpo_script_runs_its_loop_and_moves_the_weights(tiny_model_dir):
     assert re.search(r"^held-out success before training: \d\.\d{3} \(2 episodes\)$", out, re.MULTILINE), out
     assert re.search(r"^held-out success after training: \d\.\d{3} \(2 episodes\)$", out, re.MULTILINE), out
     assert [int(v) for v in re.findall(r"^step \d/2 .* policy version (\d+) ", out, re.MULTILINE)] == [1, 2], out
+    # every group has equal rewards: each step dropped one (--max-filtered 1), then took the next
+    assert re.findall(r"^step \d/2 .* filtered (\d+) ", out, re.MULTILINE) == ["1", "1"], out
     final = re.search(r"^policy version (\d+); trained weights moved (\S+) \(relative L2\)$", out, re.MULTILINE)
     assert final, out
     assert int(final[1]) == 2  # each step's weights reached the inference engine

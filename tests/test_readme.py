@@ -59,6 +59,7 @@ def test_the_main_job_runs_as_configured_with_a_tiny_model_and_budget(tiny_model
         "eval_episodes=2",
         "trainer.micro_batch_size=2",
         "trainer.trainable_layers=1",
+        "curriculum.max_filtered=1",
         f"run_dir={tmp_path / 'run'}",
     ]
     done = subprocess.run(
@@ -73,4 +74,7 @@ def test_the_main_job_runs_as_configured_with_a_tiny_model_and_budget(tiny_model
     trained = [s for s in steps if "train/loss" in s]
     assert [s["step"] for s in trained] == [1, 2, 3]
     assert max(s["train/staleness_max"] for s in trained) <= 1  # max_staleness: 1 from the file
+    # curriculum.selection: filter from the file; the tiny model solves nothing, so every group's
+    # rewards are equal: each step dropped one (max_filtered 1), then trained on the next
+    assert [s["train/filtered_groups"] for s in trained] == [1.0, 1.0, 1.0]
     assert (tmp_path / "run" / "curves.png").exists() and (tmp_path / "run" / "model").is_dir()

@@ -72,3 +72,5 @@ def test_a_resumed_run_keeps_its_long_tail_queue(tiny_model_dir, tiny_tokenizer,
 def test_tail_batching_needs_a_synchronous_run(tiny_model_dir, tmp_path):
     with pytest.raises(ValueError, match="tail_batching is synchronous and needs max_staleness 0"):
         _config(tiny_model_dir, tmp_path / "run", "tail_batching=true", "max_staleness=1")
+    with pytest.raises(ValueError, match="set curriculum.selection=uniform, or drop tail_batching"):
+        _config(tiny_model_dir, tmp_path / "run", "tail_batching=true", "curriculum.selection=filter")
