@@ -1,6 +1,6 @@
 """End to end: the main job (``agentrl train examples/quickstart.yaml``) against TRL's GRPOTrainer on it.
 
-    python benchmarks/e2e_vs_trl.py                       # both sides, the job's 6 steps each: under half an hour on 2 cores
+    python benchmarks/e2e_vs_trl.py                       # both sides, the job's 7 steps each: about half an hour on 2 cores
     python benchmarks/e2e_vs_trl.py --steps 16 --eval-every 4   # longer, with held-out points along the way
     python benchmarks/e2e_vs_trl.py --only trl trainer.lr=1e-5  # one side; key=value changes both sides' job
     python benchmarks/e2e_vs_trl.py --quick               # smoke test: tiny model, hf backend, 1 step, 8 eval episodes

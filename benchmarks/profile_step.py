@@ -2,6 +2,7 @@
 
     python benchmarks/profile_step.py                              # examples/quickstart.yaml, 3 steps
     python benchmarks/profile_step.py --steps 5 --config examples/quickstart.yaml
+    python benchmarks/profile_step.py --equal-groups 1 --baseline every-row   # rows without gradient skipped or not
 
 First the quickstart's own rollout plays ``groups_per_step`` groups on vLLM (the default model, the
 config's sampling and limits), so the batch has the quickstart's real lengths and turns; the engine
@@ -12,10 +13,13 @@ step. Printed, per step (median): the wall time split into collation, the forwar
 (advantages, loss arithmetic, metrics); the padding (tokens computed against tokens that exist);
 and the ten costliest operators of one step by torch's profiler (self CPU time).
 
-The trainer runs rows in length buckets, each only as long as its longest row
-(``agentrl.trainers.models.forward_plan``); the baseline, stepped alternately with it in the same
-run, runs each shared-prompt set as one pass padded to the batch's width (what the trainer did
-before). Feeds docs/performance.md (issue 17).
+The trainer as it is ("now") is stepped alternately with a baseline in the same run. ``--baseline
+padded`` (the default): each shared-prompt set runs as one pass padded to the batch's width, what
+the trainer did before it ran rows in length buckets, each only as long as its longest row
+(``agentrl.trainers.models.forward_plan``). ``--baseline every-row``: every row is computed, also
+those whose advantages are all 0 (``Trainer._rows_with_gradient`` skips them); ``--equal-groups N``
+rewards the first N played groups' episodes all 1 (as a group that always succeeded) and the other
+groups' half 1, half 0, so that exactly N groups have nothing to learn from. Feeds docs/performance.md (issue 17).
 """
 
 from __future__ import annotations
@@ -84,6 +88,42 @@ def one_padded_pass(baseline: bool) -> Iterator[None]:
         models.forward_plan = saved
 
 
+@contextlib.contextmanager
+def every_row(baseline: bool) -> Iterator[None]:
+    """While inside with ``baseline``, the trainer computes every row, those without gradient too."""
+    import torch
+
+    from agentrl.trainers import Trainer
+
+    saved = Trainer._rows_with_gradient
+    if baseline:
+        Trainer._rows_with_gradient = lambda self, mini: torch.arange(len(mini))  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Trainer._rows_with_gradient = saved  # type: ignore[method-assign]
+
+
+def with_equal_rewards(trajectories: list[Any], groups: int) -> list[Any]:
+    """``trajectories`` rewarded anew (when ``groups`` > 0): every episode of the first ``groups``
+    groups 1 (a group solved every time), the episodes of the others 0 and 1 in turn (half solved),
+    so that exactly those groups have no GRPO signal; the tokens stay as played."""
+    import dataclasses
+
+    if not groups:
+        return trajectories
+    order = list(dict.fromkeys(t.group_id for t in trajectories))
+    seen: dict[str, int] = {}
+    rewarded = []
+    for t in trajectories:
+        index = seen[t.group_id] = seen.get(t.group_id, -1) + 1
+        reward = 1.0 if order.index(t.group_id) < groups else float(index % 2)
+        rewarded.append(
+            dataclasses.replace(t, reward=reward, turn_rewards=[0.0] * (len(t.turn_rewards) - 1) + [reward])
+        )
+    return rewarded
+
+
 def planned_tokens(batch: Any, micro_batch_size: int) -> int:
     """Token positions the trainer's forward passes compute over ``batch``, micro-batch by micro-batch."""
     from agentrl.trainers import models
@@ -117,6 +157,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="examples/quickstart.yaml")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--baseline", choices=("padded", "every-row"), default="padded", help="what to compare with")
+    parser.add_argument("--equal-groups", type=int, default=0, help="give the first N groups equal rewards")
     args = parser.parse_args()
 
     import os
@@ -135,6 +177,7 @@ def main() -> None:
     if config.torch_threads:
         torch.set_num_threads(config.torch_threads)
     trajectories, tokenizer = play_batch(config)
+    trajectories = with_equal_rewards(trajectories, args.equal_groups)
     settings = config.trainer_settings()
     trainer = build_trainer(resolve_model(config.rollout.model), settings, tokenizer, dtype=config.rollout.dtype)
     batch = collate(trajectories, trainer.pad_token_id)
@@ -145,16 +188,18 @@ def main() -> None:
     models.BUCKET_COST = saved_cost
 
     trainer.step(trajectories)  # warm-up
-    rows: dict[str, list[dict[str, float]]] = {"buckets": [], "baseline": []}
+    rows: dict[str, list[dict[str, float]]] = {"now": [], args.baseline: []}
     computed: dict[str, int] = {}
+    baseline = one_padded_pass if args.baseline == "padded" else every_row
+    fractions: dict[str, float] = {}
     for _ in range(args.steps):
         for name in rows:  # alternated, so that both see the same machine
-            with one_padded_pass(name == "baseline"):
+            with baseline(name != "now"):
                 computed[name] = planned_tokens(batch, settings.micro_batch_size)
                 totals: dict[str, float] = collections.defaultdict(float)
                 started = time.perf_counter()
                 with phases(trainer, totals):
-                    trainer.step(trajectories)
+                    fractions[name] = trainer.step(trajectories)["train/computed_fraction"]
             totals["total"] = time.perf_counter() - started
             totals["rest"] = totals["total"] - sum(v for k, v in totals.items() if k != "total")
             rows[name].append(dict(totals))
@@ -169,15 +214,15 @@ def main() -> None:
     print(f"tokens: {real} real ({generated} generated); computed with a shared prompt counted once:")
     for name, count in computed.items():
         print(f"  {name:<9} {count:6d} computed ({max(count - unique, 0) / count:.1%} padding)")
-    print(f"{'phase':<10} {'buckets s':>10} {'share':>7} {'baseline s':>11}   (medians of {args.steps} steps each)")
-    total = statistics.median(r["total"] for r in rows["buckets"])
+    rows_computed = ", ".join(f"{name} {fraction:.0%}" for name, fraction in fractions.items())
+    print(f"groups with equal rewards: {args.equal_groups}; rows computed: {rows_computed}")
+    print(f"{'phase':<10} {'now s':>10} {'share':>7} {args.baseline + ' s':>11}   (medians of {args.steps} steps each)")
+    total = statistics.median(r["total"] for r in rows["now"])
     for name in ("collate", "forward", "backward", "clip", "optimizer", "rest", "total"):
-        value, base = (statistics.median(r.get(name, 0.0) for r in rows[k]) for k in ("buckets", "baseline"))
+        value, base = (statistics.median(r.get(name, 0.0) for r in rows[k]) for k in ("now", args.baseline))
         print(f"{name:<10} {value:10.2f} {value / total:7.1%} {base:11.2f}")
-    baseline = statistics.median(r["total"] for r in rows["baseline"])
-    print(
-        f"step: {total:.2f} s with length buckets, {baseline:.2f} s padded to the batch width ({baseline / total:.2f}x)"
-    )
+    slower = statistics.median(r["total"] for r in rows[args.baseline])
+    print(f"step: {total:.2f} s now, {slower:.2f} s {args.baseline} ({slower / total:.2f}x)")
     print("costliest operators of one step (self CPU time):")
     print(profile.key_averages().table(sort_by="self_cpu_time_total", row_limit=10, max_name_column_width=40))
 

@@ -50,7 +50,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", default="default", help="'default' (SmolLM2-135M), a checkpoint or a hub id")
     parser.add_argument("--backend", default="vllm", choices=["vllm", "hf"], help="inference backend of the rollouts")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the trainer (and hf) run")
-    parser.add_argument("--steps", type=int, default=6, help="training steps, one batch each")
+    parser.add_argument("--steps", type=int, default=7, help="training steps, one batch each")
     parser.add_argument("--groups", type=int, default=2, help="groups per batch")
     parser.add_argument("--group-size", type=int, default=8, help="episodes per group (same task, GRPO's group)")
     parser.add_argument("--eval-episodes", type=int, default=64, help="held-out episodes before and after training")
