@@ -238,9 +238,10 @@ class Lane:
         self.dropped_seen = len(dropped)
 
 
-def train_policies(config: TrainConfig, progress: Progress | None = None) -> TrainResult:
+def train_policies(config: TrainConfig, progress: Progress | None = None, host: Policy | None = None) -> TrainResult:
     """Train the policies of a multi-agent run (see the module docstring); ``agentrl train`` on a
-    multi-agent env id calls this through :func:`agentrl.train.train`."""
+    multi-agent env id calls this through :func:`agentrl.train.train`. ``host``: an engine already
+    running that serves the LoRA policies (as adapters) and the frozen base; not closed here."""
     progress = progress or Progress()
     env_id = config.rollout.env_id
     probe = make_multiagent(env_id, **config.rollout.env_kwargs)
@@ -262,7 +263,7 @@ def train_policies(config: TrainConfig, progress: Progress | None = None) -> Tra
     checkpoints = list_checkpoints(run_dir) if config.resume else []
 
     progress.on_phase("starting the inference engines", 0)
-    engines = _Engines(config, policies)
+    engines = _Engines(config, policies, host)
     try:
         trainers = {
             policy_id: build_trainer(
@@ -335,14 +336,16 @@ class _Engines:
     """The inference engines of a run: one for the LoRA policies (and the frozen base), one per
     ``weights: full`` policy."""
 
-    def __init__(self, config: TrainConfig, policies: Mapping[str, PolicyConfig]):
+    def __init__(self, config: TrainConfig, policies: Mapping[str, PolicyConfig], host: Policy | None = None):
         self.config, self.policies = config, policies
         self.base_path = resolve_model(config.rollout.model)
-        self.host: Any = None
+        self.host: Any = host
+        self.lent = host is not None  # the caller's engine: not closed here
         self.own: dict[str, Policy] = {}
+        self.adapters: list[Policy] = []  # served by the host; closed with the run when the host is lent
         lora = [p for p, s in policies.items() if s.weights == "lora"]
         try:
-            if lora:
+            if lora and host is None:
                 options = policy_options(config.rollout)
                 if config.rollout.backend == "vllm":
                     ranks = [config.trainer_settings(p).lora_rank for p in lora]
@@ -376,10 +379,13 @@ class _Engines:
             return self.own[policy_id]
         if trainer is None:  # a frozen LoRA policy is the base model
             return self.host  # type: ignore[no-any-return]
-        return self.host.adapter(policy_id, adapter_config(trainer.model))  # type: ignore[no-any-return]
+        adapter = self.host.adapter(policy_id, adapter_config(trainer.model))
+        self.adapters.append(adapter)
+        return adapter  # type: ignore[no-any-return]
 
     def close(self) -> None:
-        for policy in [*self.own.values(), *([self.host] if self.host is not None else [])]:
+        closing = [*self.own.values(), *(self.adapters if self.lent else [self.host] if self.host is not None else [])]
+        for policy in closing:
             try:
                 policy.close()
             except Exception as e:  # one engine failing to close must not keep the others open

@@ -97,15 +97,15 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
     """Run the training job described by ``config``; see the module docstring.
 
     Pass ``policy`` to train through an inference engine that is already running (it is given the
-    trainer's starting weights first, and is not closed here).
+    trainer's starting weights first, and is not closed here). A multi-agent run serves its LoRA
+    policies as adapters of it (it must be started with ``max_loras`` for them) and its frozen
+    policies as its base; its ``weights: full`` policies still get engines of their own.
     """
     progress = progress or Progress()
     for module in config.imports:
         importlib.import_module(module)
     with _dashboard(config):
         if is_multiagent(config.rollout.env_id):
-            if policy is not None:
-                raise ValueError("train(policy=...) serves one policy; a multi-agent run starts its own engines.")
             if config.tail_batching:
                 raise ValueError(
                     "tail_batching plays a single-agent env's groups in rounds; a multi-agent run cannot use it."
@@ -120,7 +120,7 @@ def train(config: TrainConfig, progress: Progress | None = None, policy: Policy 
                     f"curriculum.selection {config.curriculum.selection!r} chooses a single-agent env's prompts; "
                     "a multi-agent run plays its seeds in order (leave curriculum.selection at uniform)."
                 )
-            return train_policies(config, progress)
+            return train_policies(config, progress, host=policy)
         return _train_one_policy(config, progress, policy)
 
 

@@ -1,10 +1,164 @@
-"""Shared fixtures: the tiny offline tokenizer and a tiny model built from it (no downloads)."""
+"""Shared fixtures (the tiny tokenizer and model, one vLLM engine, one Ray cluster) and the test tiers.
+
+Tiers are markers, registered in ``pyproject.toml`` (``--strict-markers``):
+
+========  =======================================================================  =======
+marker    the test ...                                                             timeout
+========  =======================================================================  =======
+engine    starts or uses a vLLM engine (in process, or ``vllm serve``)             300 s
+ray       starts or joins a Ray cluster                                            300 s
+e2e       runs ``agentrl`` or a script that trains in a fresh interpreter          600 s
+docker    talks to the Docker engine                                               180 s
+browser   drives headless Chromium                                                 180 s
+(none)    a unit or integration test in this process                               120 s
+========  =======================================================================  =======
+
+A test that starts one of these without its marker fails (the guard below watches the processes a
+test starts and the sockets it opens, and ``VLLMPolicy``), so the tiers stay true: ``pytest -m "not
+engine and not ray and not e2e"`` is the quick loop while developing.
+
+Under xdist (``-n 2 --dist loadgroup``, the default in ``pyproject.toml``) the engine, Ray and e2e
+tests compete for both cores, so they run one after another on one worker (``xdist_group("heavy")``,
+sorted first) while the other worker takes the rest, which mostly wait (Docker, uvicorn, Chromium,
+sleeps). A test's own ``@pytest.mark.timeout`` wins over its tier's.
+
+The session's vLLM engine (:func:`vllm_engine`) and Ray cluster (:func:`ray_cluster`) are started
+once per worker, by the first test that asks for them: an engine start costs about 45 s on two
+cores, a two-node Ray cluster about 15 s.
+"""
 
 from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from agentrl.testing import build_tiny_model, build_tiny_tokenizer
+
+TIERS = ("engine", "ray", "e2e", "docker", "browser")
+HEAVY = ("engine", "ray", "e2e")  # one worker: each of them wants both cores
+TIMEOUTS = {"e2e": 600, "engine": 300, "ray": 300, "docker": 180, "browser": 180}
+UNIT_TIMEOUT = 120
+
+# vLLM's CPU KV cache: 1 GiB holds every test's episodes and starts faster than the 2 GiB default;
+# set before any engine starts, so the subprocesses the tests start get it too.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+# --- tiers: markers, order, timeouts ----------------------------------------------------------------
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    return {tier for tier in TIERS if item.get_closest_marker(tier) is not None}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        tiers = tiers_of(item)
+        if item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(max((TIMEOUTS[t] for t in tiers), default=UNIT_TIMEOUT)))
+        if tiers & set(HEAVY):
+            item.add_marker(pytest.mark.xdist_group("heavy"))
+    # The heavy tests first (in their collection order, so module fixtures are set up once): they
+    # are the run's critical path, and the other worker fills in around them.
+    items.sort(key=lambda item: not (tiers_of(item) & set(HEAVY)))
+
+
+# --- the guard: what a test starts must match its markers --------------------------------------------
+
+_running: pytest.Item | None = None
+_started: list[tuple[str, str]] = []  # (tier, what) started by the running test's setup and call
+
+
+def _tier_of_process(argv: list[str]) -> str | None:
+    names = [os.path.basename(a) for a in argv]
+    line = " ".join(argv)
+    if {"gcs_server", "raylet"} & set(names) or "ray.scripts.scripts" in argv:
+        return "ray"
+    if "vllm.entrypoints" in line:
+        return "engine"
+    if {"chromium", "chromedriver"} & set(names):
+        return "browser"
+    if names and names[0] == "docker":
+        return "docker"
+    agentrl_command = "agentrl.cli" in argv or (names and names[0] == "agentrl")
+    if agentrl_command and {"train", "eval", "rollout"} & set(argv):
+        return "e2e"
+    if any(Path(a).parent.name in ("examples", "benchmarks") and a.endswith(".py") for a in argv[1:]):
+        return "e2e"
+    return None
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if _running is None:
+        return
+    if event == "subprocess.Popen":
+        argv = args[1] if isinstance(args[1], list | tuple) else [args[1]]
+        tier = _tier_of_process([os.fsdecode(a) if isinstance(a, bytes) else str(a) for a in argv])
+        if tier is not None:
+            _started.append((tier, " ".join(map(str, argv))[:160]))
+    elif event == "socket.connect" and isinstance(args[1], str | bytes) and b"docker.sock" in os.fsencode(args[1]):
+        _started.append(("docker", "a connection to the Docker engine"))
+
+
+def _watch_vllm() -> None:
+    """Count every ``VLLMPolicy`` started (its engine core is a multiprocessing child, which no audit
+    event announces)."""
+    from agentrl.policies.vllm import VLLMPolicy
+
+    init = VLLMPolicy.__init__
+
+    def counted_init(self: Any, model: Any, *args: Any, **kwargs: Any) -> None:
+        if _running is not None:
+            _started.append(("engine", f"VLLMPolicy({model})"))
+        init(self, model, *args, **kwargs)
+
+    VLLMPolicy.__init__ = counted_init  # type: ignore[method-assign]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    sys.addaudithook(_audit)
+    _watch_vllm()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    global _running
+    _running = item
+    _started.clear()
+    try:
+        yield
+    finally:
+        _running = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "teardown":
+        return
+    missing = {}
+    for tier, what in _started:
+        if item.get_closest_marker(tier) is None:
+            missing.setdefault(tier, what)
+    if missing and report.passed:
+        report.outcome = "failed"
+        report.longrepr = (
+            "The test started what its markers do not say; mark it (tests/conftest.py lists the tiers):\n"
+            + "\n".join(f"  @pytest.mark.{tier}: it started {what}" for tier, what in sorted(missing.items()))
+        )
+    if call.when == "call":
+        _started.clear()
+
+
+# --- the tiny model ------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +172,87 @@ def tiny_tokenizer():
 def tiny_model_dir(tmp_path_factory):
     """A random tiny Llama chat model (head size 64, fp32) saved with its tokenizer."""
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+# --- one vLLM engine ------------------------------------------------------------------------------------
+
+
+def _require(request: pytest.FixtureRequest, tier: str) -> None:
+    if request.node.get_closest_marker(tier) is None:
+        pytest.fail(f"{request.node.nodeid} uses the session's {tier} fixture: mark it @pytest.mark.{tier}.")
+
+
+@pytest.fixture(scope="session")
+def _session_engine(tiny_model_dir):
+    from agentrl.policies.vllm import VLLMPolicy
+
+    policy = VLLMPolicy(tiny_model_dir, max_model_len=2048, seed=0, max_loras=2, max_lora_rank=8)
+    yield policy
+    policy.close()
+
+
+@pytest.fixture
+def vllm_engine(request, _session_engine, tiny_model_dir):
+    """The session's vLLM engine on the tiny model (LoRA on: 2 adapters of rank <= 8 per batch,
+    ``max_model_len`` 2048), serving the tiny weights at version 0 with no adapter; put back so after
+    the test, whatever it did. Tests that need an engine of their own (one they kill, other engine
+    flags) start one and say why."""
+    _require(request, "engine")
+    from agentrl.testing import reference_model
+
+    engine = _session_engine
+    yield engine
+    if engine.engine is None:
+        pytest.fail("a test closed the session's vLLM engine; start an engine of your own to close it")
+    for lora_id in list(engine._adapter_dirs):  # adapters the test left loaded
+        engine._call(
+            engine._remove_adapter(SimpleNamespace(lora_int_id=lora_id, lora_name=f"left by {request.node.name}"))
+        )
+    engine._adapter_policies.clear()
+    engine.update_weights(reference_model(tiny_model_dir).state_dict().items())
+    engine.set_version(0)
+    engine.sent_bytes = 0
+
+
+# --- one Ray cluster ------------------------------------------------------------------------------------
+
+RAY_OBJECT_STORE_BYTES = 300 * 1024**2  # per node
+
+
+@pytest.fixture(scope="session")
+def _session_ray():
+    pytest.importorskip("ray", reason="the Ray tests need ray (pip install -e '.[cpu]')")
+    from ray_nodes import two_node_cluster
+
+    saved = {name: os.environ.get(name) for name in ("RAY_ADDRESS", "PYTHONPATH")}
+    os.environ.pop("RAY_ADDRESS", None)  # the tests choose their cluster; the environment must not
+    # The nodes' workers import the test envs (``imports: [learnable_env]``) from the tests' folders.
+    here = Path(__file__).parent
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(here), str(here / "trainers"), saved["PYTHONPATH"] or ""])
+    try:
+        with two_node_cluster(RAY_OBJECT_STORE_BYTES) as cluster:
+            yield cluster
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture
+def ray_cluster(request, _session_ray):
+    """The session's Ray cluster: two nodes of 2 CPUs each on loopback (the second with resource
+    ``node_b``), this process its driver; yields ``(address, {"head": id, "b": id})``. A test kills its
+    own actors, never the cluster; one that ended the driver's connection (``ray.shutdown()``) gets
+    it back here."""
+    _require(request, "ray")
+    import ray
+    from ray_nodes import LOOPBACK
+
+    address, _ = _session_ray
+    if not ray.is_initialized():
+        ray.init(address=address, _node_ip_address=LOOPBACK)
+    yield _session_ray
+    if not ray.is_initialized():
+        ray.init(address=address, _node_ip_address=LOOPBACK)

@@ -193,7 +193,7 @@ def test_train_async_vs_sync_quick_run_prints_its_table(capsys):
     assert "async2-wait / sync:" in out and "generated vs trained" in out
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_multi_policy_serving_quick_run_prints_its_table(capsys):
     """Starts four tiny vLLM engines (one alone, two side by side, one with two adapters): slow."""
     head = (BENCHMARKS / "multi_policy_serving.py").read_text().splitlines()[:6]
@@ -210,7 +210,7 @@ def test_multi_policy_serving_quick_run_prints_its_table(capsys):
         assert row in out
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_prompt_selection_quick_run_trains_a_step_with_pcl_on_vllm(capsys):
     """One step of examples/hallway.yaml with PCL choosing its prompts, on vLLM and the default
     model, in a process of its own: slow (about 3 minutes; one group of at most 4 turns)."""
@@ -245,7 +245,7 @@ def test_dashboard_render_quick_run_prints_its_figures(capsys):
     assert "page ready s" in out and "+100 steps live s" in out
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_e2e_vs_trl_quick_run_trains_both_sides_on_the_same_groups(capsys):
     """One step of the main job with the tiny model through agentrl and through TRL's GRPOTrainer,
     each in a process of its own, both evaluated by agentrl: slow (about a minute)."""
@@ -257,9 +257,9 @@ def test_e2e_vs_trl_quick_run_trains_both_sides_on_the_same_groups(capsys):
     assert re.search(r"^agentrl\s+[\d.]+", out, re.MULTILINE) and re.search(r"^TRL\s+[\d.]+", out, re.MULTILINE)
 
 
-@pytest.mark.slow
-def test_scale_out_quick_run_prints_its_three_tables(capsys):
-    """A local Ray with the tiny model: 1 and 2 hf engines, 1 and 2 DDP ranks, weight syncs (about a minute)."""
+@pytest.mark.ray
+def test_scale_out_quick_run_prints_its_three_tables(ray_cluster, capsys):
+    """The session's Ray with the tiny model: 1 and 2 hf engines, 1 and 2 DDP ranks, weight syncs (about a minute)."""
     head = (BENCHMARKS / "scale_out.py").read_text().splitlines()[:6]
     assert any(line.strip().startswith("python benchmarks/scale_out.py --quick") for line in head)
     assert load("scale_out").main(["--quick"]) == 0

@@ -31,12 +31,10 @@ from agentrl.types import Message
 
 ray = pytest.importorskip("ray", reason="the cluster needs ray (pip install -e '.[cpu]')")
 
-from ray_nodes import two_node_cluster  # noqa: E402
 
 from agentrl.cluster import TrainerGroup, engine_cores, merge_rank_metrics, shard_groups  # noqa: E402
 
 ENV_ID = "tests/ClusterSayB-v0"
-OBJECT_STORE_BYTES = 300 * 1024**2
 
 
 class SayB(AgentEnv):
@@ -389,12 +387,10 @@ def test_auto_weight_sync_broadcasts_only_to_vllm_engines_on_gpus_of_their_own()
 # --- ranks on a local Ray -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.shutdown()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES)
-    yield
-    ray.shutdown()
+@pytest.fixture
+def local_ray(ray_cluster):
+    """The session's two-node cluster (tests/conftest.py) stands in for a local one."""
+    return ray_cluster
 
 
 @pytest.fixture(scope="module")
@@ -419,7 +415,7 @@ def _local_trainer(model_dir, config):
     return build_trainer(str(model_dir), config, load_tokenizer(str(model_dir)))
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_ranks_make_the_update_one_process_makes_on_the_whole_batch(local_ray, tiny_model_dir, batch, strategy):
     from ray.util.placement_group import placement_group, remove_placement_group
@@ -472,12 +468,10 @@ def test_two_ranks_make_the_update_one_process_makes_on_the_whole_batch(local_ra
 # --- whole runs on two nodes ----------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def two_nodes():
-    """Two loopback nodes of 2 CPUs each: room for 2 ranks and 2 engines of one CPU each."""
-    ray.shutdown()  # the local one of the tests above, if any
-    with two_node_cluster(OBJECT_STORE_BYTES) as cluster:
-        yield cluster
+@pytest.fixture
+def two_nodes(ray_cluster):
+    """The session's two loopback nodes of 2 CPUs each: room for 2 ranks and 2 engines of one CPU each."""
+    return ray_cluster
 
 
 def _cluster_config(model_dir: Path, run_dir: Path, *overrides: str) -> TrainConfig:
@@ -506,7 +500,7 @@ def _trained_groups(run_dir: Path) -> list[int]:
     return [g for step in sorted(by_step) for g in by_step[step]]
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 class TestTwoNodes:
     def test_two_ranks_and_two_vllm_engines_agree_after_every_sync(self, two_nodes, tiny_model_dir, tmp_path):
         from transformers import AutoModelForCausalLM

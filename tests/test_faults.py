@@ -138,7 +138,7 @@ def assert_recovered(run_dir: Path, steps: int, err: str) -> None:
     assert len(groups) == len(set(groups)) == 2 * steps, groups
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_killed_engine_core_is_replaced_and_agentrl_train_finishes(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     code, out, err = run_and_kill(tiny_train_command(tiny_model_dir, run_dir, "steps=4"), run_dir, "EngineCore")
@@ -148,7 +148,7 @@ def test_a_killed_engine_core_is_replaced_and_agentrl_train_finishes(tiny_model_
     assert "Traceback" not in out + err
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_killed_ray_policy_actor_is_replaced_and_agentrl_train_finishes(tiny_model_dir, tmp_path):
     pytest.importorskip("ray", reason="the policy actor needs ray (pip install -e '.[cpu]')")
     run_dir = tmp_path / "run"
@@ -158,7 +158,7 @@ def test_a_killed_ray_policy_actor_is_replaced_and_agentrl_train_finishes(tiny_m
     assert_recovered(run_dir, 4, err)
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_killed_ray_env_worker_is_replaced_and_agentrl_train_finishes(tiny_model_dir, tmp_path):
     pytest.importorskip("ray", reason="the env workers need ray (pip install -e '.[cpu]')")
     run_dir = tmp_path / "run"
@@ -173,7 +173,7 @@ def test_a_killed_ray_env_worker_is_replaced_and_agentrl_train_finishes(tiny_mod
     assert len(groups) == len(set(groups)) == 8, groups
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_a_killed_engine_of_one_policy_is_replaced_and_a_multi_policy_run_finishes(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     policies = json.dumps({p: {"weights": "full"} for p in ("sayer_a", "sayer_b")})
@@ -201,7 +201,7 @@ def test_a_killed_engine_of_one_policy_is_replaced_and_a_multi_policy_run_finish
         assert len(groups) == len(set(groups)) == 12, groups
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_with_no_restarts_allowed_a_killed_engine_ends_agentrl_train_with_one_clear_message(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     command = tiny_train_command(tiny_model_dir, run_dir, "steps=200", "max_engine_restarts=0")

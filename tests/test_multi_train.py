@@ -298,8 +298,8 @@ def test_lora_policies_on_one_hf_model_train_their_own_adapters(tiny_model_dir, 
     assert result.eval_before is not None and "eval/sayer_a/vs_base_reward_mean" not in result.eval_before
 
 
-@pytest.mark.slow
-def test_lora_policies_on_one_vllm_engine_train_with_the_engines_logprobs(tiny_model_dir, tmp_path):
+@pytest.mark.engine
+def test_lora_policies_on_one_vllm_engine_train_with_the_engines_logprobs(vllm_engine, tiny_model_dir, tmp_path):
     config = _config(
         tiny_model_dir,
         tmp_path / "run",
@@ -310,7 +310,7 @@ def test_lora_policies_on_one_vllm_engine_train_with_the_engines_logprobs(tiny_m
         "trainer.lr=5e-2",
         "trainer.lora_rank=8",
     )
-    result = train(config)
+    result = train(config, policy=vllm_engine)  # the session's engine serves both adapters
 
     for policy in POLICIES:
         steps = _steps(result.run_dir, policy)
@@ -320,10 +320,12 @@ def test_lora_policies_on_one_vllm_engine_train_with_the_engines_logprobs(tiny_m
         assert max(gaps) < 1e-3, gaps
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 def test_a_full_weight_policy_on_vllm_sends_step_ones_changes_alone_and_the_engine_keeps_up(
     tiny_model_dir, tmp_path, monkeypatch
 ):
+    # An engine of its own, started by the run: what is checked is that the run tells its own engine
+    # it serves the starting weights (a lent engine is sent them instead).
     from agentrl.policies.vllm import VLLMPolicy
 
     sent: list[int] = []  # bytes each update sent the engine
@@ -361,7 +363,7 @@ def test_a_full_weight_policy_on_vllm_sends_step_ones_changes_alone_and_the_engi
     assert max(m["train/default/engine_logprob_gap"] for m in steps) < 1e-4
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_kill_9_and_resume_loses_and_repeats_no_batch_of_any_policy(tiny_model_dir, tmp_path):
     import os
     import signal

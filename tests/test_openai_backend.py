@@ -30,7 +30,7 @@ from agentrl.policies.openai import OpenAIPolicy
 from agentrl.rollout import EpisodeLimits, RolloutEngine
 from agentrl.types import Message
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.engine
 
 SERVER_START_TIMEOUT = float(os.environ.get("AGENTRL_TEST_SERVER_TIMEOUT", "300"))
 

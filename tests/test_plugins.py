@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 # pip builds and installs three packages, and each check starts a fresh Python: about 45 s here.
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.timeout(300)  # pip installs into fresh environments
 
 PYPROJECT = """\
 [build-system]

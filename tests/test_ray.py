@@ -19,7 +19,6 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the distributed rollout needs ray (pip install -e '.[cpu]')")
 
-from ray_nodes import two_node_cluster  # noqa: E402
 
 import agentrl  # noqa: E402
 from agentrl import Message  # noqa: E402
@@ -40,7 +39,6 @@ ENV_ID = "agentrl/Calculator-v0"
 NEGOTIATION = "agentrl/Negotiation-v0"
 TRADERS = ("trader_0", "trader_1")
 REPLY = "Answer: 42"
-OBJECT_STORE_BYTES = 200 * 1024**2
 
 
 def local_trajectories(tokenizer, num_groups, **engine_kwargs):
@@ -100,11 +98,9 @@ def test_groups_split_into_contiguous_ranges_and_runs():
 
 
 @pytest.fixture(scope="class")
-def local_cluster():
-    ray.shutdown()  # another module's cluster, if any
-    ray.init(address="local", num_cpus=4, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES)
-    yield
-    ray.shutdown()
+def local_cluster(_session_ray):
+    """The session's cluster (tests/conftest.py), which these tests use as a local one."""
+    return _session_ray
 
 
 @pytest.fixture(scope="class")
@@ -133,7 +129,7 @@ def scripted_rollout(local_cluster, tiny_model_dir):
     ray.kill(policy)
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 @pytest.mark.usefixtures("local_cluster")
 class TestLocalCluster:
     def test_hf_rollout_on_two_workers_is_token_exact_and_grouped_as_locally(
@@ -351,14 +347,13 @@ class TestLocalCluster:
 # --- two nodes on loopback --------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="class")
-def two_nodes():
-    """A head node and a second node (with resource ``node_b``) on loopback; yields their node ids."""
-    with two_node_cluster(OBJECT_STORE_BYTES) as cluster:
-        yield cluster
+@pytest.fixture
+def two_nodes(ray_cluster):
+    """The session's cluster: a head node and a second node (with resource ``node_b``) on loopback."""
+    return ray_cluster
 
 
-@pytest.mark.slow
+@pytest.mark.ray
 class TestTwoNodes:
     def test_workers_placed_on_both_nodes_play_every_group(self, two_nodes, tiny_model_dir):
         _, nodes = two_nodes

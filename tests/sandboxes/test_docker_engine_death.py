@@ -167,7 +167,7 @@ def our_container_ids() -> set[str]:
     return {container.id for container in found}
 
 
-@pytest.mark.slow
+@pytest.mark.docker
 def test_a_dead_engine_fails_episodes_clearly_and_the_run_goes_on_once_it_is_back(restartable_engine: None) -> None:
     tokenizer = build_tiny_tokenizer()
     kill_on_run = False

@@ -51,14 +51,10 @@ def _config(model_dir, run_dir, *overrides: str) -> TrainConfig:
     )
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    """One vLLM engine on the tiny model for the module (train() resets its weights each run)."""
-    from agentrl.policies.vllm import VLLMPolicy  # vllm is imported only when these slow tests run
-
-    policy = VLLMPolicy(tiny_model_dir, max_model_len=256)
-    yield policy
-    policy.close()
+@pytest.fixture
+def engine(vllm_engine):
+    """The session's vLLM engine on the tiny model (train() gives it the trainer's starting weights)."""
+    return vllm_engine
 
 
 def _learned(run_dir: Path) -> tuple[float, float]:
@@ -66,7 +62,7 @@ def _learned(run_dir: Path) -> tuple[float, float]:
     return sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @pytest.mark.parametrize("staleness", [0, 1], ids=["sync", "async"])
 def test_training_on_vllm_learns(engine, tiny_model_dir, tmp_path, staleness):
     from transformers import AutoModelForCausalLM
@@ -97,7 +93,7 @@ def test_training_on_vllm_learns(engine, tiny_model_dir, tmp_path, staleness):
     assert changed, "no parameter changed"
 
 
-@pytest.mark.slow
+@pytest.mark.engine
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_vllm_serves_exactly_the_trained_weights(engine, tiny_model_dir, tmp_path, temperature):
     model = load_policy_model(tiny_model_dir)
@@ -223,8 +219,8 @@ def test_kill_9_and_resume_loses_and_repeats_no_batch(tiny_model_dir, tmp_path):
     assert max(m["step"] for m in metrics) == 10
 
 
-@pytest.mark.slow
-def test_training_with_the_engine_as_a_ray_actor(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.ray
+def test_training_with_the_engine_as_a_ray_actor(ray_cluster, tiny_model_dir, tmp_path, monkeypatch):
     # The env workers import the module that registers the test env (imports:); Ray's processes
     # inherit PYTHONPATH from this one.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]))
