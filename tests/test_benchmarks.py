@@ -142,6 +142,7 @@ def test_would_exceed_then_add_observation_renders_once(tiny_tokenizer):
     assert calls == [wrong, wrong, other, [Message("user", "Try again.")], changed]
 
 
+@pytest.mark.docker
 def test_sandbox_latency_quick_run_prints_its_table(capsys):
     """Runs whichever sandbox backends this machine has (CI has both); with neither, only the header."""
     from agentrl.sandboxes.docker import DEFAULT_IMAGE, docker_available
@@ -194,6 +195,7 @@ def test_train_async_vs_sync_quick_run_prints_its_table(capsys):
 
 
 @pytest.mark.engine
+@pytest.mark.e2e  # each setting in a child process
 def test_multi_policy_serving_quick_run_prints_its_table(capsys):
     """Starts four tiny vLLM engines (one alone, two side by side, one with two adapters): slow."""
     head = (BENCHMARKS / "multi_policy_serving.py").read_text().splitlines()[:6]
@@ -211,12 +213,12 @@ def test_multi_policy_serving_quick_run_prints_its_table(capsys):
 
 
 @pytest.mark.e2e
-def test_prompt_selection_quick_run_trains_a_step_with_pcl_on_vllm(capsys):
-    """One step of examples/hallway.yaml with PCL choosing its prompts, on vLLM and the default
-    model, in a process of its own: slow (about 3 minutes; one group of at most 4 turns)."""
-    head = (BENCHMARKS / "prompt_selection.py").read_text().splitlines()[:6]
+def test_prompt_selection_quick_run_trains_a_step_with_pcl_on_vllm(tiny_model_dir, capsys):
+    """One step of examples/hallway.yaml with PCL choosing its prompts, on vLLM and the tiny model
+    (the default model on vLLM: tests/test_default_model.py), in a process of its own."""
+    head = (BENCHMARKS / "prompt_selection.py").read_text().splitlines()[:8]
     assert any(line.strip().startswith("python benchmarks/prompt_selection.py --quick") for line in head)
-    load("prompt_selection").main(["--quick", "--selections", "pcl"])
+    load("prompt_selection").main(["--quick", "--selections", "pcl", "--model", str(tiny_model_dir)])
     out = capsys.readouterr().out
     result = json.loads(out.splitlines()[0])
     assert result["selection"] == "pcl" and result["select_seconds"] > 0 and 0 <= result["effective_ratio"] <= 1
@@ -233,6 +235,7 @@ def test_env_server_quick_run_compares_remote_and_local_steps(capsys):
         assert row in out
 
 
+@pytest.mark.browser
 def test_dashboard_render_quick_run_prints_its_figures(capsys):
     import shutil
 

@@ -432,6 +432,7 @@ def test_ctrl_c_exits_130(test_envs):
     assert "interrupted" in result.output
 
 
+@pytest.mark.e2e  # the console script in a fresh interpreter
 @pytest.mark.parametrize(
     "args",
     [

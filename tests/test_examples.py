@@ -1,34 +1,52 @@
-"""The scripts in examples/ run as they stand, with the tiny model and a tiny budget."""
+"""The scripts in examples/ run as they stand, with the tiny model and a tiny budget.
+
+In this process (the script's ``main``, the commands through typer's ``CliRunner``): what is tested
+is the example, not the process boundary, which tests/test_readme.py crosses once with the console
+script.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from agentrl.cli import app
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+pytestmark = pytest.mark.e2e  # each trains end to end
 
 
-def test_the_grpo_script_runs_its_loop_and_moves_the_weights(tiny_model_dir):
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """The examples train on one thread, as their subprocesses did with OMP_NUM_THREADS=1."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_the_grpo_script_runs_its_loop_and_moves_the_weights(tiny_model_dir, monkeypatch, capsys):
     script = EXAMPLES / "grpo_tool_arithmetic.py"
     assert "python examples/grpo_tool_arithmetic.py" in "\n".join(script.read_text().splitlines()[:5])
     # The random tiny model never solves ToolArithmetic, so every GRPO advantage is 0 and the loss
     # has no gradient; the entropy bonus gives it one, so that the update has to reach the weights.
     tiny = ["--model", str(tiny_model_dir), "--backend", "hf", "--steps", "2", "--groups", "1", "--group-size", "2",
             "--eval-episodes", "2", "--trainable-layers", "1", "--entropy-coef", "0.01", "--max-filtered", "1"]  # fmt: skip
-    done = subprocess.run(
-        [sys.executable, str(script), *tiny],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = done.stdout
+    spec = importlib.util.spec_from_file_location("grpo_tool_arithmetic", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr("sys.argv", [str(script), *tiny])
+    asyncio.run(module.main(module.parse_args()))
+    out = capsys.readouterr().out
     assert re.search(r"^held-out success before training: \d\.\d{3} \(2 episodes\)$", out, re.MULTILINE), out
     assert re.search(r"^held-out success after training: \d\.\d{3} \(2 episodes\)$", out, re.MULTILINE), out
     assert [int(v) for v in re.findall(r"^step \d/2 .* policy version (\d+) ", out, re.MULTILINE)] == [1, 2], out
@@ -71,13 +89,9 @@ def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_
     small = [f"rollout.model={tiny_model_dir}", "rollout.backend=hf", "rollout.group_size=2", "rollout.max_tokens=8",
              "rollout.max_length=2048", "groups_per_step=1", "trainer.micro_batch_size=2",
              'stages=[{steps: 1, train: [feedback]}, {steps: 1, reward: {lam: 0.0}}]', f"run_dir={run_dir}"]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
-    def agentrl(*args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True, text=True,
-                              timeout=900, env=env)  # fmt: skip
-        assert done.returncode == 0, done.stderr[-3000:]
-        return done
+    def agentrl(*args: str) -> SimpleNamespace:
+        return _agentrl(*args)
 
     agentrl("train", str(config), *small)
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -138,14 +152,13 @@ def test_the_explain_example_trains_with_jepo_and_reports_the_reference_likeliho
     assert sample["reference_ids"] and sample["info"]["reference"]
 
 
-def _train(config: Path, overrides: list[str]) -> subprocess.CompletedProcess[str]:
-    """``agentrl train CONFIG OVERRIDES`` in a process of its own, checked to exit 0."""
-    done = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", str(config), *overrides],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
+def _agentrl(*args: str) -> SimpleNamespace:
+    """``agentrl ARGS`` through typer's CliRunner, checked to exit 0; its ``stdout``."""
+    result = CliRunner().invoke(app, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return SimpleNamespace(stdout=result.stdout)
+
+
+def _train(config: Path, overrides: list[str]) -> SimpleNamespace:
+    """``agentrl train CONFIG OVERRIDES``, checked to exit 0."""
+    return _agentrl("train", str(config), *overrides)

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -26,6 +28,7 @@ def test_first_screen_names_the_test_command_ci_runs():
     assert "python -m pytest -q" in ci
 
 
+@pytest.mark.docker  # the sandbox example
 def test_the_other_examples_run():
     from agentrl.sandboxes import DEFAULT_IMAGE, docker_available
 
@@ -45,6 +48,7 @@ def test_quickstart_config_loads_and_names_a_registered_env():
     assert "agentrl train examples/quickstart.yaml" in "\n".join(README.read_text().splitlines()[:20])
 
 
+@pytest.mark.e2e
 def test_the_main_job_runs_as_configured_with_a_tiny_model_and_budget(tiny_model_dir, tmp_path):
     # examples/quickstart.yaml as it stands (async one batch ahead, one trainer thread, GRPO on
     # ToolArithmetic), with only the model, the backend and the budget made small.

@@ -136,6 +136,7 @@ def test_episode_timeout(tiny_tokenizer):
     assert 2 <= t.turns < 100
 
 
+@pytest.mark.docker  # agentrl/CodeSandbox-v0 among them
 def test_garbage_completions_never_crash_builtin_envs(tiny_tokenizer):
     rng = random.Random(0)
     alphabet = "<>{}[]\"':,_ abc123\n\\" + "<tool_call></tool_call>"

@@ -206,6 +206,7 @@ def wait_for(driver, script: str, timeout: float = 60.0):
     raise AssertionError(f"timed out waiting for: {script}")
 
 
+@pytest.mark.browser
 def test_the_page_follows_a_run_as_it_trains_and_shows_its_trajectories(
     browser, tiny_model_dir, tiny_tokenizer, tmp_path
 ):

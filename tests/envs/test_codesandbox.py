@@ -38,6 +38,8 @@ from agentrl.sandboxes.local import bubblewrap_problem
 from agentrl.tool_calls import format_tool_calls
 from agentrl.types import ToolCall
 
+pytestmark = pytest.mark.docker  # the sandboxes' Docker backend
+
 
 def call(name: str, **arguments: Any) -> str:
     return format_tool_calls([ToolCall(name, arguments)])

@@ -18,6 +18,8 @@ import pytest
 
 from agentrl.sandboxes import DockerSandbox, ExecResult, LocalSandbox, Sandbox
 
+pytestmark = pytest.mark.docker  # the sandboxes' Docker backend
+
 
 def usable_after_reset(sb: Sandbox) -> None:
     """The sandbox answers, clean, after a reset."""

@@ -27,6 +27,8 @@ from agentrl.sandboxes import (
 )
 from agentrl.sandboxes.docker import LABEL, OWNER_LABEL, docker_client, owner_alive, owner_label
 
+pytestmark = pytest.mark.docker  # the sandboxes' Docker backend
+
 
 def test_the_container_is_locked_down_as_configured(docker_ready):
     limits = SandboxLimits(memory_mb=300, cpus=0.5, pids=64, disk_mb=32)

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from agentrl.sandboxes import ExecResult, Sandbox
 from agentrl.sandboxes.server import DRAIN_GRACE, ORPHAN_GRACE
+
+pytestmark = pytest.mark.docker  # the sandboxes' Docker backend
 
 MARKER = "[agentrl: the command exited but processes it left in the background still held its output"
 SLACK = 1.5

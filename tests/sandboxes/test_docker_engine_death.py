@@ -34,6 +34,8 @@ from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
 from agentrl.tool_calls import format_tool_calls
 from agentrl.types import ToolCall, Trajectory
 
+pytestmark = pytest.mark.docker  # the sandboxes' Docker backend
+
 INSTALL_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install.sh"
 DOCKERD_LOG = os.environ.get("DOCKERD_LOG", "/var/log/agentrl-dockerd.log")  # install.sh's default
 PID_FILES = ("/var/run/docker.pid", "/var/run/docker/containerd/containerd.pid")

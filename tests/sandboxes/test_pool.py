@@ -32,6 +32,8 @@ from agentrl.sandboxes import (
 from agentrl.sandboxes.base import ExecResult
 from agentrl.sandboxes.shared import shared_pools
 
+pytestmark = pytest.mark.docker  # the sandboxes' Docker backend
+
 
 class FakeSandbox:
     """Just enough of the Sandbox protocol to watch what the pool does with it."""

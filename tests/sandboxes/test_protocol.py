@@ -11,6 +11,8 @@ import pytest
 from agentrl.sandboxes import ExecResult, Sandbox, SandboxError, SandboxLimits
 from agentrl.sandboxes.base import resolve_in_workdir
 
+pytestmark = pytest.mark.docker  # the sandboxes' Docker backend
+
 # --- pure logic ---------------------------------------------------------------------------------
 
 

@@ -16,9 +16,12 @@ from agentrl.sandboxes.docker import LABEL, docker_available, docker_client
 from agentrl.server import RemoteEnv
 from agentrl.server.docker import SERVER_LABEL, DockerEnvServer
 
-pytestmark = pytest.mark.skipif(
-    not docker_available(DEFAULT_IMAGE), reason="no Docker Engine with the sandbox image here (scripts/install.sh)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not docker_available(DEFAULT_IMAGE), reason="no Docker Engine with the sandbox image here (scripts/install.sh)"
+    ),
+    pytest.mark.docker,
+]
 
 
 def server_containers() -> list:

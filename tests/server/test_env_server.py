@@ -126,7 +126,10 @@ def test_an_assistant_message_is_a_reply_too_and_its_tool_calls_run_on_the_serve
     assert "4" in step["observation"][0]["content"]
 
 
-@pytest.mark.parametrize("env_id", [i for i in agentrl.registered_ids("agentrl")])
+@pytest.mark.parametrize(
+    "env_id",
+    [pytest.param(i, marks=pytest.mark.docker) if "CodeSandbox" in i else i for i in agentrl.registered_ids("agentrl")],
+)
 def test_check_env_passes_on_a_remote_env_for_every_builtin_env(server, env_id):
     with ServerThread(make_app([env_id])) as url:
         env = RemoteEnv(url, env_id, split="test")

@@ -40,6 +40,7 @@ def test_a_remote_rollout_gives_the_same_token_ids_as_a_local_one(tiny_model_dir
     assert remote_stats.failed == 0 and remote_stats.reward_sum == local_stats.reward_sum
 
 
+@pytest.mark.e2e
 def test_agentrl_train_and_eval_run_on_an_env_server(tiny_model_dir, tmp_path):
     with ServerThread(make_app(["agentrl/ToolArithmetic-v0"])) as url:
         small = [

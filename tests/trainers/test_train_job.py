@@ -150,6 +150,7 @@ def _start(config_path: Path) -> subprocess.Popen[bytes]:
     )
 
 
+@pytest.mark.e2e
 def test_kill_9_and_resume_loses_and_repeats_no_batch(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     config = {
