@@ -4,7 +4,7 @@
     python benchmarks/prompt_selection.py --selections uniform,pcl --steps 12
     python benchmarks/prompt_selection.py --config examples/quickstart.yaml --eval-every 0   # the main job's task
     python benchmarks/prompt_selection.py --quick                 # smoke test: 1 step of 1 group, 8 eval episodes
-    python benchmarks/prompt_selection.py --quick --model DIR     # the same on another checkpoint (the tests: a tiny one)
+    python benchmarks/prompt_selection.py --quick --set rollout.model=DIR --set trainer.trainable_layers=1
 
 Each run is ``agentrl train examples/hallway.yaml trainer.algorithm=grpo`` (SmolLM2 on vLLM,
 ``agentrl/Hallway-v0``, whose exits lie 1 to 6 rooms away: prompts of varied difficulty) in its own
@@ -67,7 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--eval-every", type=int, default=4)
     parser.add_argument("--pcl-lr", type=float, default=1e-4, help="the value model's learning rate")
-    parser.add_argument("--model", default=None, help="the policy's checkpoint (default: the config's, SmolLM2)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a config override for every run (repeatable)"
+    )
     parser.add_argument("--quick", action="store_true", help="1 step of 1 group each, 8 eval episodes, 4 turns")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
@@ -75,8 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         extra = ["steps=1", "eval_every=0", "eval_episodes=8", "groups_per_step=1", "rollout.max_turns=4"]
         extra.append(f"curriculum.lr={args.pcl_lr}")
-    if args.model is not None:
-        extra.append(f"rollout.model={args.model}")
+    extra += args.set
     results = []
     with tempfile.TemporaryDirectory(prefix="agentrl-selection-") as tmp:
         for selection in args.selections.split(","):

@@ -29,8 +29,11 @@ on two cores, a two-node Ray cluster about 15 s.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -241,6 +244,10 @@ def vllm_engine(request, _session_engine, tiny_model_dir):
 # --- one Ray cluster ------------------------------------------------------------------------------------
 
 RAY_OBJECT_STORE_BYTES = 300 * 1024**2  # per node
+# Logical CPUs per node (every actor of ours asks for one): class fixtures hold actors across their
+# tests, and `rollout()` places an env worker on every node, so 2 per node could leave a test's
+# actor waiting for a CPU forever. The machine's two cores are shared by all of them anyway.
+RAY_CPUS_PER_NODE = 4
 
 
 @pytest.fixture(scope="session")
@@ -254,7 +261,7 @@ def _session_ray():
     here = Path(__file__).parent
     os.environ["PYTHONPATH"] = os.pathsep.join([str(here), str(here / "trainers"), saved["PYTHONPATH"] or ""])
     try:
-        with two_node_cluster(RAY_OBJECT_STORE_BYTES) as cluster:
+        with two_node_cluster(RAY_OBJECT_STORE_BYTES, cpus=RAY_CPUS_PER_NODE) as cluster:
             yield cluster
     finally:
         for name, value in saved.items():
@@ -266,17 +273,28 @@ def _session_ray():
 
 @pytest.fixture
 def ray_cluster(request, _session_ray):
-    """The session's Ray cluster: two nodes of 2 CPUs each on loopback (the second with resource
-    ``node_b``), this process its driver; yields ``(address, {"head": id, "b": id})``. A test kills its
-    own actors, never the cluster; one that ended the driver's connection (``ray.shutdown()``) gets
-    it back here."""
+    """The session's Ray cluster: two nodes of 4 logical CPUs each on loopback (the second with
+    resource ``node_b``), this process its driver; yields ``(address, {"head": id, "b": id})``. A test
+    kills its own actors, never the cluster; one that ended the driver's connection (``ray.shutdown()``)
+    gets it back here. Actors a test leaves alive are killed after it, with a warning naming them, so
+    that they hold no CPU the next test needs."""
     _require(request, "ray")
     import ray
+    from ray._private import state
     from ray_nodes import LOOPBACK
 
     address, _ = _session_ray
     if not ray.is_initialized():
         ray.init(address=address, _node_ip_address=LOOPBACK)
+    alive_before = set(state.actors(actor_state_name="ALIVE"))
     yield _session_ray
     if not ray.is_initialized():
         ray.init(address=address, _node_ip_address=LOOPBACK)
+    left = {k: v for k, v in state.actors(actor_state_name="ALIVE").items() if k not in alive_before}
+    for actor in left.values():  # both nodes are this machine: the actor's process is ours to end
+        if actor["Pid"]:
+            with contextlib.suppress(ProcessLookupError):  # it may have ended meanwhile
+                os.kill(actor["Pid"], signal.SIGKILL)
+    if left:
+        names = sorted(f"{v['ActorClassName']} {v['Name']}".strip() for v in left.values())
+        warnings.warn(f"{request.node.nodeid} left Ray actors alive (killed now): {names}", stacklevel=1)

@@ -218,7 +218,8 @@ def test_prompt_selection_quick_run_trains_a_step_with_pcl_on_vllm(tiny_model_di
     (the default model on vLLM: tests/test_default_model.py), in a process of its own."""
     head = (BENCHMARKS / "prompt_selection.py").read_text().splitlines()[:8]
     assert any(line.strip().startswith("python benchmarks/prompt_selection.py --quick") for line in head)
-    load("prompt_selection").main(["--quick", "--selections", "pcl", "--model", str(tiny_model_dir)])
+    tiny = ["--set", f"rollout.model={tiny_model_dir}", "--set", "trainer.trainable_layers=1"]
+    load("prompt_selection").main(["--quick", "--selections", "pcl", *tiny])
     out = capsys.readouterr().out
     result = json.loads(out.splitlines()[0])
     assert result["selection"] == "pcl" and result["select_seconds"] > 0 and 0 <= result["effective_ratio"] <= 1
