@@ -21,8 +21,8 @@ engine and not ray and not e2e"`` is the quick loop while developing.
 Under xdist (``-n 2 --dist loadgroup``, the default in ``pyproject.toml``) the session's vLLM engine
 (:func:`vllm_engine`) and Ray cluster (:func:`ray_cluster`) are started once, each on one worker: the
 tests that use the engine are one xdist group, those that use the cluster another, sorted first, so
-each worker takes one. The other engine, Ray and e2e tests come next and the rest last, each to the
-first worker free. Each worker's vLLM engines (in its subprocesses too) are bound to a core of their
+each worker takes one. The other engine, Ray and e2e tests come next, with the Docker tests (one
+group: one of them restarts the Docker engine), and the rest last, each to the first worker free. Each worker's vLLM engines (in its subprocesses too) are bound to a core of their
 own. A test's own ``@pytest.mark.timeout`` wins over its tier's. An engine start costs about 45 s
 on two cores, a two-node Ray cluster about 15 s.
 """
@@ -81,7 +81,7 @@ def order(item: pytest.Item) -> int:
     group = session_group(item)
     if group is not None:
         return 0 if group == "engine" else 1
-    return 2 if tiers_of(item) & set(HEAVY) else 3
+    return 2 if tiers_of(item) & {*HEAVY, "docker"} else 3
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
@@ -91,6 +91,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(max((TIMEOUTS[t] for t in tiers), default=UNIT_TIMEOUT)))
         group = session_group(item)
+        if group is None and "docker" in tiers:  # one at a time: one of them restarts the Docker engine
+            group = "docker"
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
     # Stable: within each part, collection order (module fixtures are set up once per worker).

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 # pip builds and installs three packages, and each check starts a fresh Python: about 45 s here.
-pytestmark = pytest.mark.timeout(300)  # pip installs into fresh environments
+# They pip-install into this interpreter, which the other xdist worker shares: one at a time.
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("plugins")]
 
 PYPROJECT = """\
 [build-system]
