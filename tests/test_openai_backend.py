@@ -30,7 +30,7 @@ from agentrl.policies.openai import OpenAIPolicy
 from agentrl.rollout import EpisodeLimits, RolloutEngine
 from agentrl.types import Message
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("openai")]  # one worker: its module server starts once
 
 SERVER_START_TIMEOUT = float(os.environ.get("AGENTRL_TEST_SERVER_TIMEOUT", "300"))
 
