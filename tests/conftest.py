@@ -214,21 +214,21 @@ def _require(request: pytest.FixtureRequest, tier: str) -> None:
 @pytest.fixture(scope="session")
 def _session_engine(tiny_model_dir):
     from agentrl.policies.vllm import VLLMPolicy
+    from agentrl.testing import reference_model
 
     policy = VLLMPolicy(tiny_model_dir, max_model_len=2048, seed=0, max_loras=2, max_lora_rank=8)
+    policy.tiny_weights = reference_model(tiny_model_dir).state_dict()  # what each test gets back
     yield policy
     policy.close()
 
 
 @pytest.fixture
-def vllm_engine(request, _session_engine, tiny_model_dir):
+def vllm_engine(request, _session_engine):
     """The session's vLLM engine on the tiny model (LoRA on: 2 adapters of rank <= 8 per batch,
     ``max_model_len`` 2048), serving the tiny weights at version 0 with no adapter; put back so after
     the test, whatever it did. Tests that need an engine of their own (one they kill, other engine
     flags) start one and say why."""
     _require(request, "engine")
-    from agentrl.testing import reference_model
-
     engine = _session_engine
     yield engine
     if engine.engine is None:
@@ -238,7 +238,7 @@ def vllm_engine(request, _session_engine, tiny_model_dir):
             engine._remove_adapter(SimpleNamespace(lora_int_id=lora_id, lora_name=f"left by {request.node.name}"))
         )
     engine._adapter_policies.clear()
-    engine.update_weights(reference_model(tiny_model_dir).state_dict().items())
+    engine.update_weights(engine.tiny_weights.items())  # sends nothing when the test changed nothing
     engine.set_version(0)
     engine.sent_bytes = 0
 
