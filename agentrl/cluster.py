@@ -631,46 +631,42 @@ def start_engines(
     name: str,
 ) -> list[Any]:
     """One :class:`~agentrl.policies.ray_actor.PolicyActor` per bundle of ``group``, named
-    ``<name>-engine-<i>``; CPU vLLM engines that share a node on disjoint cores (:func:`engine_cores`)."""
+    ``<name>-engine-<i>``; CPU vLLM engines that share a node on disjoint cores (:func:`engine_shares`)."""
     cpu_vllm = backend == "vllm" and not resources.get("GPU")
-    cores = engine_cores(group, bundles) if cpu_vllm else [None] * len(bundles)
+    shares = engine_shares(group, bundles) if cpu_vllm else [None] * len(bundles)
     return [
         PolicyActor.options(  # type: ignore[attr-defined]
             name=f"{name}-engine-{i}",
             num_cpus=resources.get("CPU", 1),
             num_gpus=resources.get("GPU", 0),
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=b),
-            runtime_env={"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": cores[i]}} if cores[i] else None,
-        ).remote(backend, model_path, options)
+        ).remote(backend, model_path, options, cores=shares[i])
         for i, b in enumerate(bundles)
     ]
 
 
-def engine_cores(group: PlacementGroup, engine_bundles: Sequence[int]) -> list[str | None]:
-    """Per engine, the cores its CPU vLLM worker binds to (``VLLM_CPU_OMP_THREADS_BIND``), or None.
+def engine_shares(group: PlacementGroup, engine_bundles: Sequence[int]) -> list[tuple[int, int] | None]:
+    """Per engine, ``(k, n)``: it is the k-th of n CPU vLLM engines on its node, or None when alone.
 
     Left alone, every CPU vLLM worker binds its threads to the same cores of its node (the first
     NUMA node's, less one kept for the scheduler), so engines that share a node would share those
-    cores while the rest idle. Engines that share a node split its CPUs instead (Ray's ``CPU``
-    count, ids from 0), one range each; more engines than CPUs take one CPU each, round robin. A
-    ``VLLM_CPU_OMP_THREADS_BIND`` set by the user wins (None here).
+    cores while the rest idle. Engines that share a node split its cores instead, one range each
+    (:func:`~agentrl.policies.ray_actor.share_of_cores`, on the engine's own node: Ray's ``CPU``
+    count may be more than the cores the machine has). A ``VLLM_CPU_OMP_THREADS_BIND`` set by the
+    user wins (None here).
     """
     if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
         return [None] * len(engine_bundles)
     node_of = ray.util.placement_group_table(group)["bundles_to_node_id"]
-    cpus = {node["NodeID"]: int(node["Resources"].get("CPU", 1)) for node in ray.nodes() if node["Alive"]}
     sharing: dict[str, list[int]] = {}
     for i, bundle in enumerate(engine_bundles):
         sharing.setdefault(node_of[bundle], []).append(i)
-    cores: list[str | None] = [None] * len(engine_bundles)
-    for node, engines in sharing.items():
-        if len(engines) == 1:
-            continue  # alone on its node: vLLM's own binding
-        n, total = len(engines), max(1, cpus.get(node, 1))
-        for k, i in enumerate(engines):
-            first, last = k * total // n, (k + 1) * total // n - 1
-            cores[i] = str(k % total) if n > total else f"{first}-{last}"
-    return cores
+    shares: list[tuple[int, int] | None] = [None] * len(engine_bundles)
+    for engines in sharing.values():
+        if len(engines) > 1:  # alone on its node: vLLM's own binding
+            for k, i in enumerate(engines):
+                shares[i] = (k, len(engines))
+    return shares
 
 
 def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:

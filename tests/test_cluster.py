@@ -25,6 +25,7 @@ from agentrl.env import AgentEnv, Feedback
 from agentrl.faults import EngineLost
 from agentrl.policies import Generation, Sampling
 from agentrl.policies.base import EngineClosed
+from agentrl.policies.ray_actor import share_of_cores
 from agentrl.policies.router import RouterPolicy, episode_route
 from agentrl.train import TrainConfig
 from agentrl.types import Message
@@ -32,7 +33,7 @@ from agentrl.types import Message
 ray = pytest.importorskip("ray", reason="the cluster needs ray (pip install -e '.[cpu]')")
 
 
-from agentrl.cluster import TrainerGroup, engine_cores, merge_rank_metrics, shard_groups  # noqa: E402
+from agentrl.cluster import TrainerGroup, engine_shares, merge_rank_metrics, shard_groups  # noqa: E402
 
 ENV_ID = "tests/ClusterSayB-v0"
 
@@ -286,15 +287,18 @@ def test_a_batch_splits_into_whole_groups_balanced_by_tokens():
 
 
 def test_cpu_engines_sharing_a_node_get_disjoint_cores(monkeypatch):
-    """Node a (4 CPUs) holds engines 0 and 2, node b (2 CPUs) engine 1 alone, node c (2 CPUs) three."""
+    """Node a holds engines 0 and 2, node b engine 1 alone, node c three; each engine maps its share
+    onto the cores of its own machine (Ray's CPU count may be more: the session cluster's is)."""
     bundles = {0: "a", 1: "b", 2: "a", 3: "c", 4: "c", 5: "c"}
-    nodes = [{"NodeID": n, "Alive": True, "Resources": {"CPU": c}} for n, c in [("a", 4.0), ("b", 2.0), ("c", 2.0)]]
     monkeypatch.setattr(ray.util, "placement_group_table", lambda group: {"bundles_to_node_id": bundles})
-    monkeypatch.setattr(ray, "nodes", lambda: nodes)
     monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
-    assert engine_cores(None, range(6)) == ["0-1", None, "2-3", "0", "1", "0"]  # alone: vLLM's own binding
+    shares = engine_shares(None, range(6))
+    assert shares == [(0, 2), None, (1, 2), (0, 3), (1, 3), (2, 3)]  # alone: vLLM's own binding
+    assert [share_of_cores(k, n, [0, 1, 2, 3]) for k, n in (shares[0], shares[2])] == ["0,1", "2,3"]
+    assert [share_of_cores(k, n, [4, 1]) for k, n in shares[3:]] == ["1", "4", "1"]  # more engines than cores
+    assert share_of_cores(1, 2, [0, 1, 2]) == "1,2"
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "3")  # the user's choice wins
-    assert engine_cores(None, range(6)) == [None] * 6
+    assert engine_shares(None, range(6)) == [None] * 6
 
 
 def test_rank_metrics_merge_into_the_batchs():
@@ -502,31 +506,14 @@ def _trained_groups(run_dir: Path) -> list[int]:
 
 @pytest.mark.ray
 class TestTwoNodes:
-    def test_two_ranks_and_two_vllm_engines_agree_after_every_sync(self, two_nodes, tiny_model_dir, tmp_path):
-        from transformers import AutoModelForCausalLM
-
-        from agentrl.train import train
-
-        config = _cluster_config(
-            tiny_model_dir, tmp_path / "run", "rollout.backend=vllm", "steps=3", "export=true", "max_staleness=0",
-            "trainer.trainable_layers=1",  # after the first sync only the last layer and norm go
-        )  # fmt: skip
-        result = train(config)
-
-        steps = _steps(result.run_dir)
-        assert [m["step"] for m in steps] == [1, 2, 3]
-        # at staleness 0 every token was sampled by the weights being trained, on one engine or the other
-        assert all(m["train/engine_logprob_gap"] <= 1e-4 for m in steps), [m["train/engine_logprob_gap"] for m in steps]
-        assert all(m["train/trajectories"] == 8 for m in steps)
-        last = steps[-1]
-        assert last["perf/engine_share_min"] > 0.25 and last["fault/engines_lost"] == 0  # both engines served
-        assert last["train/policy_version"] == 3
-        exported = AutoModelForCausalLM.from_pretrained(result.model_dir)
-        assert exported.config.num_hidden_layers > 0
-
-    def test_weights_broadcast_into_the_vllm_workers_and_the_group_reforms_without_a_killed_engine(
+    def test_two_ranks_and_two_vllm_engines_agree_after_every_broadcast_and_without_a_killed_engine(
         self, two_nodes, tiny_model_dir, tmp_path, caplog
     ):
+        """One run for both facts (two runs made them before, the same way): the ranks' weights reach
+        both vLLM engines' workers at every sync, and after engine 0 is killed the group re-forms
+        with the one left."""
+        from transformers import AutoModelForCausalLM
+
         from agentrl.controller import Progress
         from agentrl.train import train
 
@@ -538,17 +525,24 @@ class TestTwoNodes:
         killed: list[bool] = []
         config = _cluster_config(
             tiny_model_dir, tmp_path / "run", "rollout.backend=vllm", "cluster.weight_sync=broadcast",
-            "steps=4", "max_staleness=0", "export=true", "trainer.trainable_layers=1",
+            "steps=4", "max_staleness=0", "export=true",
+            "trainer.trainable_layers=1",  # after the first sync only the last layer and norm go
         )  # fmt: skip
         result = train(config, Progress(on_advance=kill_engine_0))
 
         steps = _steps(result.run_dir)
         assert killed and [m["step"] for m in steps] == [1, 2, 3, 4]
-        # every token came from the weights being trained: the broadcast reached both engines, then the one left
+        # at staleness 0 every token was sampled by the weights being trained, on one engine or the
+        # other: the broadcast reached both engines, then the one left
         assert all(m["train/engine_logprob_gap"] <= 1e-4 for m in steps), [m["train/engine_logprob_gap"] for m in steps]
+        assert all(m["train/trajectories"] == 8 for m in steps)
+        before_kill = steps[1]
+        assert before_kill["perf/engine_share_min"] > 0.25 and before_kill["fault/engines_lost"] == 0  # both served
         assert steps[-1]["fault/engines_lost"] == 1 and steps[-1]["train/policy_version"] == 4
         assert sum(m["rollout/failed"] for m in steps) == 0
         assert (result.model_dir / "model.safetensors").exists()  # exported from rank 0's held weights
+        exported = AutoModelForCausalLM.from_pretrained(result.model_dir)
+        assert exported.config.num_hidden_layers > 0
         fallbacks = [r for r in caplog.records if "weight broadcast failed" in r.getMessage()]
         assert len(fallbacks) <= 1, fallbacks  # only a sync the kill interrupted went through the object store
 

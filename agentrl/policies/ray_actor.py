@@ -43,6 +43,15 @@ class WorkerLocation(NamedTuple):
     """Its process id on that node."""
 
 
+def share_of_cores(k: int, n: int, cores: Sequence[int]) -> str:
+    """The k-th of n disjoint ranges of ``cores`` as ``VLLM_CPU_OMP_THREADS_BIND`` writes it
+    (``"0-1"``, ``"2,5"``); more sharers than cores take one core each, round robin."""
+    cores = sorted(cores)
+    if n > len(cores):
+        return str(cores[k % len(cores)])
+    return ",".join(str(c) for c in cores[k * len(cores) // n : (k + 1) * len(cores) // n])
+
+
 def current_location() -> WorkerLocation:
     """Where the calling process runs (inside a Ray worker or driver)."""
     return WorkerLocation(ray.get_runtime_context().get_node_id(), os.getpid())
@@ -71,7 +80,13 @@ class PolicyActor:
         backend: str | Callable[[], Policy],
         model: str | Path | None = None,
         options: Mapping[str, Any] | None = None,
+        *,
+        cores: tuple[int, int] | None = None,
     ):
+        """``cores=(k, n)``: a CPU vLLM engine that shares its node with n - 1 others binds its
+        worker to the k-th of n disjoint ranges of the cores this process may use."""
+        if cores is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = share_of_cores(*cores, os.sched_getaffinity(0))
         self.policy = make_policy(backend, model, options)
         self._received = self._cancelled = self._in_flight = 0
         self._offset = 0  # the version this actor reports minus the hosted policy's (set_version)
