@@ -29,12 +29,14 @@ New commands are plain functions decorated with ``@app.command()``; the helpers 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib
 import json
 import os
 import signal
 import sys
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Annotated, Any, NoReturn, TextIO
@@ -54,7 +56,14 @@ import agentrl
 from agentrl.config import ConfigError, load_config
 from agentrl.env import as_agent_env
 from agentrl.envs.waltz.cli import waltz_table_command
-from agentrl.faults import RunFailed, failure_message, resume_command, vllm_logs_to, write_traceback
+from agentrl.faults import (
+    RunFailed,
+    failure_message,
+    native_stderr_to,
+    resume_command,
+    vllm_logs_to,
+    write_traceback,
+)
 from agentrl.metrics import policy_metric
 from agentrl.registry import is_multiagent, load_plugins
 from agentrl.sandboxes.cli import sandbox_app
@@ -560,23 +569,43 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
     if not is_multiagent(config.env_id):  # a multi-agent env plays with one shared policy (mapping "all")
         agentrl.spec(config.env_id)  # an unknown env fails now, before the engine starts
     total = config.episodes + config.redundancy * (config.episodes // config.group_size)
-    columns = (
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err_console, transient=False) as progress:
-        task = progress.add_task(f"{config.env_id} ({config.backend})", total=total, status="starting the engine")
+    played = failed = 0
 
-        def advance(trajectory: Any, stats: Any) -> None:
-            summary = stats.summary()
-            status = f"success {summary['rollout/success_rate']:.0%}  failed {stats.failed}"
-            progress.update(task, advance=1, status=status)
+    def count(episode: list[Any]) -> str:
+        nonlocal played, failed
+        played += 1
+        failed += any(t.error is not None for t in episode)
+        return f"failed {failed}"
 
-        trajectories, stats = rollout(config, on_trajectory=advance)  # no model, no server: CleanErrors
-    _print_rollout_summary(config, stats)
+    if not sys.stdout.isatty():  # a file, a pipe, CI: a line at the start and at every tenth
+        lines = _LineProgress()
+        lines.line(f"{config.env_id} ({config.backend}): starting the engine, then {total} episodes")
+        every = max(total // 10, 1)
+
+        def advance(episode: list[Any], stats: Any) -> None:
+            status = count(episode)
+            if played % every == 0 or played == total:
+                summary = stats.summary()
+                lines.line(f"episodes {played}/{total}  success {summary['rollout/success_rate']:.0%}  {status}")
+
+        trajectories, stats = rollout(config, on_episode=advance)  # no model, no server: CleanErrors
+    else:
+        columns = (
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=err_console, transient=False) as progress:
+            task = progress.add_task(f"{config.env_id} ({config.backend})", total=total, status="starting the engine")
+
+            def advance(episode: list[Any], stats: Any) -> None:  # one tick per episode, whatever its agents
+                status = f"success {stats.summary()['rollout/success_rate']:.0%}  {count(episode)}"
+                progress.update(task, advance=1, status=status)
+
+            trajectories, stats = rollout(config, on_episode=advance)  # no model, no server: CleanErrors
+    _print_rollout_summary(config, stats, played, failed)
     if any(t.reference_ids for t in trajectories):  # an env graded by likelihood: how likely the model finds them
         _print_reference_scores(config, trajectories)
     if config.env_id == WALTZ:  # the safety metrics of WaltzRL (ASR, ORR, FTR, labels)
@@ -625,7 +654,16 @@ def train_command(
     quiet_tracker = "ignore::UserWarning:multiprocessing.resource_tracker"
     if quiet_tracker not in os.environ.get("PYTHONWARNINGS", ""):
         os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet_tracker) if w)
-    with _TrainProgress() as progress, vllm_logs_to(settings.run_dir):
+    # The engines' own output (Triton and torch notices, weight-loading bars) goes to the same log,
+    # and so do transformers' weight-loading bars: the screen shows the run's progress.
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    with contextlib.ExitStack() as stack:
+        run_log = stack.enter_context(vllm_logs_to(settings.run_dir))
+        if "VLLM_LOGGING_LEVEL" not in os.environ:  # set: the user asked for the engines' log on the screen
+            stack.enter_context(native_stderr_to(run_log))
+        progress = stack.enter_context(_train_progress())
         try:
             result = train(settings, progress.hooks())  # no model, no server: CleanErrors
         except USAGE_ERRORS:
@@ -635,6 +673,11 @@ def train_command(
             arguments = [*([config] if config is not None else []), *(overrides or [])]
             raise RunFailed(failure_message(e, settings.run_dir, resume_command(arguments, settings.resume))) from e
     _print_train_summary(settings, result)
+
+
+def _train_progress() -> _TrainProgress | _LineProgress:
+    """Progress bars on a terminal; plain lines when stdout is not one (a file, a pipe, CI)."""
+    return _TrainProgress() if sys.stdout.isatty() else _LineProgress()
 
 
 class _TrainProgress:
@@ -664,8 +707,10 @@ class _TrainProgress:
         from agentrl.train import Progress  # see train_command
 
         def on_phase(name: str, total: int) -> None:
-            if self.task is not None:
-                self.progress.update(self.task, status="done")
+            if self.task is not None:  # the phase before ended: its bar full, its clock stopped
+                done = self.progress.tasks[self.task].completed
+                self.progress.update(self.task, total=done or 1, completed=done or 1, status="done")
+                self.progress.stop_task(self.task)
             self.task = self.progress.add_task(name, total=total or None, status="")
 
         def on_advance(info: dict[str, Any]) -> None:
@@ -675,6 +720,78 @@ class _TrainProgress:
             self.progress.update(self.task, advance=1, status=status)
 
         return Progress(on_phase=on_phase, on_advance=on_advance)
+
+
+class _LineProgress:
+    """``agentrl train``'s progress as lines on stdout, each flushed: one when a phase starts and
+    when it ends, one per training step (reward, success, seconds per step, time left) and one per
+    evaluation (held-out success). For a log file, a pipe or CI, where bars would show nothing
+    until the end."""
+
+    def __init__(self, out: TextIO | None = None) -> None:
+        self.out: TextIO | None = out or sys.stdout
+        self.started = time.monotonic()
+        self.phase: str | None = None
+        self.phase_started = self.started
+        self.total = self.done = 0
+
+    def __enter__(self) -> _LineProgress:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if exc[0] is None:
+            self._end_phase()
+
+    def line(self, text: str) -> None:
+        if self.out is None:
+            return
+        try:
+            print(f"[{_clock(time.monotonic() - self.started)}] {text}", file=self.out, flush=True)
+        except BrokenPipeError:  # the reader went away (`| head`): the run goes on without its lines
+            if self.out is sys.stdout:  # and Python's own flush at exit must not fail either
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            self.out = None
+
+    def _end_phase(self) -> None:
+        if self.phase is not None:
+            self.line(f"{self.phase}: done in {_clock(time.monotonic() - self.phase_started)}")
+        self.phase = None
+
+    def hooks(self) -> Any:
+        from agentrl.train import Progress  # see train_command
+
+        def on_phase(name: str, total: int) -> None:
+            self._end_phase()
+            self.phase, self.total, self.done, self.phase_started = name, total, 0, time.monotonic()
+            unit = "steps" if name == "training" else "episodes"
+            self.line(f"{name}" + (f" ({total} {unit})" if total else ""))
+
+        def on_advance(info: dict[str, Any]) -> None:
+            self.done += 1
+            if "rollout/reward_mean" not in info:  # an evaluation's episode: the phase's end says it
+                return
+            per_step = (time.monotonic() - self.phase_started) / self.done
+            left = f"  eta {_clock(per_step * (self.total - self.done))}" if self.total else ""
+            self.line(
+                f"step {self.done}/{self.total or '?'}  reward {info['rollout/reward_mean']:.3f}  "
+                f"success {info['rollout/success_rate']:.0%}  {per_step:.1f} s/step{left}"
+            )
+
+        def on_result(metrics: dict[str, Any]) -> None:
+            rates = {  # eval/success_rate, or eval/<policy>/success_rate per policy
+                k.removeprefix("eval/").removesuffix("success_rate").rstrip("/"): v
+                for k, v in metrics.items()
+                if k.endswith("success_rate") and "vs_base" not in k
+            }
+            self.line("held-out " + "  ".join(f"{f'{p} ' if p else ''}success {v:.1%}" for p, v in rates.items()))
+
+        return Progress(on_phase=on_phase, on_advance=on_advance, on_result=on_result)
+
+
+def _clock(seconds: float) -> str:
+    """``h:mm:ss``, as the progress bars show elapsed time."""
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
 
 
 _EVAL_ROWS = (
@@ -727,20 +844,24 @@ def _print_run_files(result: Any) -> None:
         console.print(f"curves: {escape(str(result.plot))}")
 
 
-def _print_rollout_summary(config: Any, stats: Any) -> None:
+def _print_rollout_summary(config: Any, stats: Any, episodes: int, failed: int) -> None:
+    """The table of a rollout: ``episodes`` played (``failed`` of them with an error); the rest is
+    over trajectories, of which a multi-agent episode has one per agent."""
     summary = stats.summary()
     table = Table(
         title=f"{config.env_id} · {config.model} · {config.backend} · split {config.split}", title_justify="left"
     )
     table.add_column("metric")
     table.add_column("value", justify="right")
-    table.add_row("episodes", str(stats.episodes))
+    table.add_row("episodes", str(episodes))
+    if stats.episodes != episodes:  # several agents: their trajectories
+        table.add_row("agent trajectories", str(stats.episodes))
     table.add_row("success rate", f"{summary['rollout/success_rate']:.1%}")
     table.add_row("mean reward", f"{summary['rollout/reward_mean']:.3f}")
     table.add_row("mean turns", f"{summary['rollout/turns_mean']:.2f}")
     table.add_row("truncated", str(stats.truncated))
     causes = ", ".join(f"{cause} {n}" for cause, n in stats.failure_causes.most_common()) or "none"
-    table.add_row("failures", f"{stats.failed} ({causes})")
+    table.add_row("failures", f"{failed} ({causes})")
     table.add_row("generated tokens", str(stats.generated_tokens))
     table.add_row("tokens/s", f"{summary['perf/rollout_tokens_per_s']:.1f}")
     table.add_row("seconds", f"{stats.seconds:.1f}")

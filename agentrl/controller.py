@@ -57,7 +57,11 @@ class Progress:
     """What the controller tells its caller as it goes (the CLI draws progress bars from it)."""
 
     on_phase: Callable[[str, int], None] = lambda name, total: None
+    """A phase starts: its name and how many advances it takes (0: unknown)."""
     on_advance: Callable[[dict[str, Any]], None] = lambda info: None
+    """One advance: a training step's metrics, or ``{}`` for an evaluation's episode."""
+    on_result: Callable[[dict[str, Any]], None] = lambda metrics: None
+    """An evaluation ended: its ``eval/...`` metrics."""
 
 
 @dataclass
@@ -507,6 +511,7 @@ class Controller:
         if nll is not None:  # the env gave reference answers: how likely the policy finds them
             result["eval/reference_nll"] = nll
         self.metrics.log(step, result)
+        self.progress.on_result(result)
         return result
 
     def checkpoint(self) -> None:

@@ -15,7 +15,10 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import logging
+import logging.config
 import os
+import sys
 import tempfile
 import traceback
 from collections.abc import Iterator, Sequence
@@ -132,11 +135,53 @@ def vllm_logs_to(run_dir: str | Path) -> Iterator[Path]:
     with os.fdopen(handle, "w") as file:
         json.dump(config, file)
     os.environ["VLLM_LOGGING_CONFIG_PATH"] = config_path
+    # This process's vLLM records too, from vLLM's first import on (some are logged while vLLM is
+    # still importing, before it reads the file).
+    vllm_logger = logging.getLogger("vllm")
+    before = (list(vllm_logger.handlers), vllm_logger.propagate, vllm_logger.level)
+    logging.config.dictConfig(config)
     try:
         yield path
     finally:
         os.environ.pop("VLLM_LOGGING_CONFIG_PATH", None)
         os.unlink(config_path)
+        for handler in vllm_logger.handlers:
+            if handler not in before[0]:
+                handler.close()
+        vllm_logger.handlers, vllm_logger.propagate = before[0], before[1]
+        vllm_logger.setLevel(before[2])
+
+
+@contextlib.contextmanager
+def native_stderr_to(path: str | Path) -> Iterator[None]:
+    """For the time of a run, what is written to the process's file descriptor 2 below Python goes
+    to ``path`` (appended): the engine processes the run starts inherit it, so their warnings
+    (Triton, deprecated torch names), progress bars and an engine's dying traceback land there, as
+    do notices of C++ libraries (torch's NUMA binding). Python's ``sys.stderr`` (progress, the run's
+    own warnings, a fault's one message) stays where it was. Nothing changes where ``sys.stderr``
+    is not descriptor 2 (a test capturing it).
+    """
+    try:
+        real = sys.stderr is sys.__stderr__ and sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        real = False
+    if not real:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    screen = os.fdopen(saved, "w", buffering=1, encoding=sys.stderr.encoding, errors="backslashreplace")
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 2)
+    os.close(log)
+    sys.stderr = screen
+    try:
+        yield
+    finally:
+        screen.flush()
+        os.dup2(saved, 2)
+        sys.stderr = sys.__stderr__
+        screen.close()
 
 
 def resume_command(arguments: Sequence[str], resume: bool) -> str:

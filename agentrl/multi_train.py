@@ -768,6 +768,7 @@ class MultiController:
             # at the policy's own step: each policy's metrics count its own steps
             self.metrics.log(self.lanes[policy_id].state.step, named)
             result.update(named)
+        self.progress.on_result(result)
         return result
 
     def checkpoint(self) -> None:

@@ -3,7 +3,7 @@
 :class:`~agentrl.config.RolloutConfig` holds every setting (a YAML file fills it; the CLI overrides
 any field as ``key=value``); :func:`rollout` builds the policy and the engine from it
 (:mod:`agentrl.build`), plays the episodes here or on a Ray cluster (``ray_address``), calls a
-progress callback per trajectory, and returns the trajectories and the stats. A multi-agent env id
+progress callback per episode, and returns the trajectories and the stats. A multi-agent env id
 plays with the one policy for every agent (MARLlib's ``all`` mapping): one trajectory per agent
 per episode.
 """
@@ -22,12 +22,13 @@ from agentrl.policies import Policy
 from agentrl.rollout import RolloutStats
 from agentrl.types import Trajectory, write_jsonl
 
-OnTrajectory = Callable[[Trajectory, RolloutStats], None]
-"""Called with each trajectory as it arrives and the stats so far."""
+OnEpisode = Callable[[list[Trajectory], RolloutStats], None]
+"""Called with each episode as it ends (its trajectories: one per agent that acted, one for a
+single-agent env) and the stats of every trajectory so far."""
 
 
 def rollout(
-    config: RolloutConfig, policy: Any = None, on_trajectory: OnTrajectory | None = None
+    config: RolloutConfig, policy: Any = None, on_episode: OnEpisode | None = None
 ) -> tuple[list[Trajectory], RolloutStats]:
     """Play ``config.episodes`` episodes; return the trajectories (completion order) and stats.
 
@@ -36,9 +37,9 @@ def rollout(
     built and closed here.
     """
     if config.ray_address is not None:
-        trajectories, stats = _rollout_on_ray(config, policy, on_trajectory)
+        trajectories, stats = _rollout_on_ray(config, policy, on_episode)
     else:
-        trajectories, stats = _rollout_here(config, policy, on_trajectory)
+        trajectories, stats = _rollout_here(config, policy, on_episode)
     if config.out:
         Path(config.out).parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(config.out, trajectories)
@@ -46,7 +47,7 @@ def rollout(
 
 
 def _rollout_here(
-    config: RolloutConfig, policy: Policy | None, on_trajectory: OnTrajectory | None
+    config: RolloutConfig, policy: Policy | None, on_episode: OnEpisode | None
 ) -> tuple[list[Trajectory], RolloutStats]:
     own_policy = policy is None
     policy = policy or make_policy(config)
@@ -55,7 +56,7 @@ def _rollout_here(
             config.env_id, policy, env_kwargs={**config.env_kwargs, "split": config.split}, **engine_settings(config)
         )
         try:
-            trajectories = asyncio.run(collect(engine, config.episodes // config.group_size, on_trajectory))
+            trajectories = asyncio.run(collect(engine, config.episodes // config.group_size, on_episode))
         finally:
             engine.close()
     finally:
@@ -65,7 +66,7 @@ def _rollout_here(
 
 
 def _rollout_on_ray(
-    config: RolloutConfig, actor: Any, on_trajectory: OnTrajectory | None
+    config: RolloutConfig, actor: Any, on_episode: OnEpisode | None
 ) -> tuple[list[Trajectory], RolloutStats]:
     """On the Ray cluster at ``config.ray_address``: one env worker per node, sharing
     ``config.concurrency`` between them, and a policy actor built from the same config (or
@@ -92,7 +93,7 @@ def _rollout_on_ray(
         if actor is None:
             actor = start_policy_actor(config.backend, path, policy_options(config))
         with cluster_rollout(actor, config, tokenizer, {**config.env_kwargs, "split": config.split}) as distributed:
-            trajectories = asyncio.run(collect(distributed, config.episodes // config.group_size, on_trajectory))
+            trajectories = asyncio.run(collect(distributed, config.episodes // config.group_size, on_episode))
     finally:
         if own_actor and actor is not None:
             ray.kill(actor)
@@ -101,13 +102,14 @@ def _rollout_on_ray(
     return trajectories, distributed.stats
 
 
-async def collect(engine: Any, num_groups: int, on_trajectory: OnTrajectory | None = None) -> list[Trajectory]:
-    """Drain ``engine.stream(num_groups)`` (a local or distributed engine), calling ``on_trajectory``."""
+async def collect(engine: Any, num_groups: int, on_episode: OnEpisode | None = None) -> list[Trajectory]:
+    """Drain ``engine.stream_episodes(num_groups)`` (a local or distributed engine), calling
+    ``on_episode``; return the trajectories."""
     trajectories = []
-    async for trajectory in engine.stream(num_groups):
-        trajectories.append(trajectory)
-        if on_trajectory is not None:
-            on_trajectory(trajectory, engine.stats)
+    async for episode in engine.stream_episodes(num_groups):
+        trajectories += episode
+        if on_episode is not None:
+            on_episode(episode, engine.stats)
     return trajectories
 
 

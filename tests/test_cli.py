@@ -561,3 +561,65 @@ def test_train_summary_of_a_single_policy_run_has_the_plain_rows(capsys):
         text, rows = train_summary(capsys, eval_before=before, eval_after=after, **fields)
         assert text.startswith("agentrl/Negotiation-v0 · tiny · grpo · 8 steps")
         assert rows == ["success rate │ 50.0% │ 100.0%", "mean reward │ - │ -", "episodes │ - │ 4", "failed │ - │ -"]
+
+
+# --- output a person can follow where stdout is not a terminal -----------------------------------
+
+
+def test_line_progress_prints_each_phase_step_and_evaluation_once(capsys):
+    from agentrl.cli import _LineProgress
+
+    with _LineProgress() as progress:
+        hooks = progress.hooks()
+        hooks.on_phase("starting the inference engine", 0)
+        hooks.on_phase("evaluating (step 0)", 3)
+        for _ in range(3):
+            hooks.on_advance({})  # an episode: no line of its own
+        hooks.on_result({"eval/success_rate": 0.25, "eval/reward_mean": 0.3})
+        hooks.on_phase("training", 2)
+        for reward in (0.5, 0.75):
+            hooks.on_advance({"rollout/reward_mean": reward, "rollout/success_rate": reward})
+        hooks.on_result({"eval/a/success_rate": 0.5, "eval/b/success_rate": 1.0, "eval/a/vs_base_success_rate": 0.1})
+    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert lines[:6] == [
+        "starting the inference engine",
+        "starting the inference engine: done in 0:00:00",
+        "evaluating (step 0) (3 episodes)",
+        "held-out success 25.0%",
+        "evaluating (step 0): done in 0:00:00",
+        "training (2 steps)",
+    ]
+    assert lines[6].startswith("step 1/2  reward 0.500  success 50%  0.0 s/step  eta 0:00:00")
+    assert lines[7].startswith("step 2/2  reward 0.750  success 75%")
+    assert lines[8:] == ["held-out a success 50.0%  b success 100.0%", "training: done in 0:00:00"]
+
+
+def test_a_closed_pipe_stops_the_lines_not_the_run():
+    from agentrl.cli import _LineProgress
+
+    class Closed:
+        def write(self, text: str) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    progress = _LineProgress(out=Closed())  # type: ignore[arg-type]
+    progress.line("one")  # raises nothing; later lines are not attempted
+    assert progress.out is None
+
+
+def test_eval_on_a_two_agent_env_counts_episodes_not_trajectories(tiny_model_dir):
+    sys.path.insert(0, str(Path(__file__).parent))
+    import multi_env
+
+    result = invoke(
+        "eval", multi_env.ENV_ID, "--model", str(tiny_model_dir), "--backend", "hf", "--episodes", "4",
+        "max_tokens=4", "max_length=512",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    # CliRunner's stdout is no terminal: lines, not bars, counting episodes
+    assert "episodes 4/4" in result.output and "episodes 8/" not in result.output
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in result.output.splitlines()
+        if line.count("│") == 3
+    }
+    assert rows["episodes"] == "4" and rows["agent trajectories"] == "8"

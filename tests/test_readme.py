@@ -74,6 +74,20 @@ def test_the_main_job_runs_as_configured_with_a_tiny_model_and_budget(tiny_model
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "held-out" in done.stdout and "before" in done.stdout
+    # stdout is a pipe: one line per phase and per step, as they happen, and no bars on stderr
+    lines = done.stdout.splitlines()
+    assert [line.split("] ", 1)[1].split("  ")[0] for line in lines if "] step " in line] == [
+        "step 1/3",
+        "step 2/3",
+        "step 3/3",
+    ]
+    assert all(
+        re.search(r"reward \d\.\d{3}  success \d+%  \d+\.\d s/step  eta ", line) for line in lines if "] step " in line
+    )
+    for phase in ("starting the inference engine", "evaluating (step 0) (2 episodes)", "training (3 steps)"):
+        assert any(line.endswith(f"] {phase}") for line in lines), (phase, lines)
+    assert any("] starting the inference engine: done in " in line for line in lines), lines
+    assert "Loading weights" not in done.stderr and "it/s" not in done.stderr, done.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     trained = [s for s in steps if "train/loss" in s]
     assert [s["step"] for s in trained] == [1, 2, 3]
