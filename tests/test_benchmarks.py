@@ -241,7 +241,7 @@ def test_dashboard_render_quick_run_prints_its_figures(capsys):
     import shutil
 
     if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
-        pytest.skip("Debian's chromium and chromium-driver are not installed (scripts/install.sh installs them)")
+        pytest.skip("Debian's chromium and chromium-driver are not installed (scripts/install.sh --dev installs them)")
     head = (BENCHMARKS / "dashboard_render.py").read_text().splitlines()[:6]
     assert any(line.strip().startswith("python benchmarks/dashboard_render.py --quick") for line in head)
     assert load("dashboard_render").main(["--quick"]) == 0

@@ -190,7 +190,7 @@ CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 @pytest.fixture
 def browser():
     if CHROMIUM is None or DRIVER is None:
-        pytest.skip("Debian's chromium and chromium-driver are not installed (scripts/install.sh installs them)")
+        pytest.skip("Debian's chromium and chromium-driver are not installed (scripts/install.sh --dev installs them)")
     driver = headless_chromium()
     yield driver
     driver.quit()
