@@ -560,8 +560,6 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
     # the CPU, LD_PRELOAD advice); the progress bar and the table are what a person reads. A user
     # who wants them sets VLLM_LOGGING_LEVEL.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from agentrl.run import RolloutConfig, rollout  # torch and transformers: not for `agentrl --help`
 
     given = [f"{k}={v}" for k, v in options.items() if v is not None]
@@ -590,14 +588,7 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
 
         trajectories, stats = rollout(config, on_episode=advance)  # no model, no server: CleanErrors
     else:
-        columns = (
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=err_console, transient=False) as progress:
+        with _bars() as progress:
             task = progress.add_task(f"{config.env_id} ({config.backend})", total=total, status="starting the engine")
 
             def advance(episode: list[Any], stats: Any) -> None:  # one tick per episode, whatever its agents
@@ -675,6 +666,20 @@ def train_command(
     _print_train_summary(settings, result)
 
 
+def _bars() -> Any:
+    """Rich progress bars on stderr: description, bar, count, status, elapsed time."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+    )
+    return Progress(*columns, console=err_console, transient=False)
+
+
 def _train_progress() -> _TrainProgress | _LineProgress:
     """Progress bars on a terminal; plain lines when stdout is not one (a file, a pipe, CI)."""
     return _TrainProgress() if sys.stdout.isatty() else _LineProgress()
@@ -684,16 +689,7 @@ class _TrainProgress:
     """Progress bars for ``agentrl train``: one per phase (engine start, evaluations, training)."""
 
     def __init__(self) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        columns = (
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[status]}"),
-            TimeElapsedColumn(),
-        )
-        self.progress = Progress(*columns, console=err_console, transient=False)
+        self.progress = _bars()
         self.task: Any = None
 
     def __enter__(self) -> _TrainProgress:

@@ -44,7 +44,10 @@ def volatile(name: str) -> bool:
 
 
 class SayB(AgentEnv):
-    """Say b (one to three of them): the reward is the share of the letter b in the reply."""
+    """Say b (one to three of them): the reward is the share of the letter b in the reply.
+
+    tests/test_train.py has the same env; this copy is the golden runs' own, so that a change made
+    there for its tests cannot move what is pinned here."""
 
     def __init__(self, split: str = "train"):
         super().__init__(max_turns=1)
