@@ -334,7 +334,7 @@ class TestLocalCluster:
             out=str(tmp_path / "rollout.jsonl"),
         )
         seen = []
-        trajectories, stats = rollout(config, hf_policy, on_trajectory=lambda t, s: seen.append(s.episodes))
+        trajectories, stats = rollout(config, hf_policy, on_episode=lambda episode, s: seen.append(s.episodes))
         assert len(trajectories) == 4 and stats.episodes == 4 and seen == [1, 2, 3, 4]
         assert all(t.error is None and t.group_id.startswith(ENV_ID) for t in trajectories)
         assert len((tmp_path / "rollout.jsonl").read_text().splitlines()) == 4
