@@ -745,7 +745,9 @@ class _LineProgress:
             print(f"[{_clock(time.monotonic() - self.started)}] {text}", file=self.out, flush=True)
         except BrokenPipeError:  # the reader went away (`| head`): the run goes on without its lines
             if self.out is sys.stdout:  # and Python's own flush at exit must not fail either
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
             self.out = None
 
     def _end_phase(self) -> None:
