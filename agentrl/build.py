@@ -18,6 +18,7 @@ tokenizer of the policy it maps to.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -31,9 +32,10 @@ from agentrl.mapping import MappingPreset, policy_mapping
 from agentrl.model_paths import DEFAULT_MODEL, resolve_model
 from agentrl.policies import Policy, Sampling
 from agentrl.policies import make_policy as make_backend
-from agentrl.registry import MultiAgentEnv, is_multiagent, make, make_multiagent, takes_kwarg
+from agentrl.registry import is_multiagent, make, make_multiagent, takes_kwarg
 from agentrl.rollout import EpisodeLimits, MultiAgentRolloutEngine, RolloutEngine, close_quietly
-from agentrl.server.remote import remote_env_factory
+from agentrl.server.remote import EnvClient, remote_env_factory
+from agentrl.server.remote_multiagent import remote_multiagent_factory
 from agentrl.trainers.models import ValueModel, load_policy_model, load_reference_model, pad_token_id
 from agentrl.trainers.trainer import Trainer, TrainerConfig
 
@@ -154,16 +156,12 @@ def build_engine(
         concurrency=concurrency, seed=seed,
     )  # fmt: skip
     kwargs = dict(env_kwargs or {})
-    if env_url is not None and is_multiagent(env_id):
-        raise ValueError(
-            f"{env_id!r} is a multi-agent env; the rollout plays only single-agent envs from an env server "
-            "(env_url) so far. Play it in process (leave env_url unset)."
+    if multiagent_at(env_id, env_url):
+        make_env: Callable[[], Any] = (
+            functools.partial(make_multiagent, env_id, **kwargs)
+            if env_url is None
+            else remote_multiagent_factory(env_url, env_id, kwargs)
         )
-    if is_multiagent(env_id):
-
-        def make_env() -> MultiAgentEnv:
-            return make_multiagent(env_id, **kwargs)
-
         agent_policy = policy_mapping(mapping)
         probe = make_env()
         try:
@@ -187,6 +185,33 @@ def build_engine(
     finally:
         close_quietly(probe_env)
     return RolloutEngine(make_env, agent, policy, policy_id=policy_id, **schedule)
+
+
+def multiagent_at(env_id: str, env_url: str | None = None) -> bool:
+    """Whether ``env_id`` is a multi-agent env: by this process's registry, or as the env server at
+    ``env_url`` describes it (``GET /envs``; the id need not be registered here)."""
+    if env_url is None:
+        return is_multiagent(env_id)
+    client = EnvClient(env_url)
+    try:
+        return client.env_spec(env_id)["kind"] != "single"  # type: ignore[no-any-return]
+    finally:
+        client.close()
+
+
+def agents_of(env_id: str, env_kwargs: Mapping[str, Any] | None = None, env_url: str | None = None) -> list[str]:
+    """The possible agents of the multi-agent env ``env_id`` (a probe env is made, or the server asked)."""
+    if env_url is not None:
+        client = EnvClient(env_url)
+        try:
+            return list(client.env_spec(env_id)["agents"])
+        finally:
+            client.close()
+    probe = make_multiagent(env_id, **dict(env_kwargs or {}))
+    try:
+        return list(probe.possible_agents)
+    finally:
+        probe.close()
 
 
 def build_trainer(

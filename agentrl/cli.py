@@ -637,7 +637,7 @@ def train_command(
                 f"imports: cannot import {module!r} ({type(e).__name__}: {e}). Install the package "
                 "that provides it, or remove it from imports."
             ) from e
-    if not is_multiagent(settings.rollout.env_id):  # a multi-agent id trains several policies
+    if settings.rollout.env_url is None and not is_multiagent(settings.rollout.env_id):
         agentrl.spec(settings.rollout.env_id)  # an unknown env fails now, before the engine starts
     # vLLM's log goes to RUN_DIR/train.log (VLLM_LOGGING_LEVEL=INFO shows it on the screen instead).
     # An engine killed mid-run leaves shared memory that multiprocessing's resource tracker frees at

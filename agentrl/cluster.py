@@ -1,6 +1,6 @@
 """Scale-out on Ray: trainer ranks, several inference engines, and where they run (``cluster:``).
 
-A run with a ``cluster:`` section (:class:`~agentrl.train_config.ClusterConfig`) keeps its
+A run with a ``cluster:`` section (:class:`~agentrl.train.config.ClusterConfig`) keeps its
 controller, rollout and config, and moves two things onto Ray:
 
 - **The trainer** becomes ``trainer_workers`` :class:`TrainerRank` actors, one ``torch.distributed``
@@ -63,7 +63,7 @@ from agentrl.policies.ray_actor import PolicyActor, RemotePolicy, SharedWeights,
 from agentrl.policies.router import RouterPolicy
 from agentrl.policies.supervisor import engine_died
 from agentrl.policies.vllm import changed_units
-from agentrl.train_config import ClusterConfig
+from agentrl.train.config import ClusterConfig
 from agentrl.trainers.trainer import TrainerConfig
 from agentrl.types import Trajectory
 

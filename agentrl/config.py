@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -282,3 +284,17 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             raise ConfigError(f"{where} must be a list, got {value!r}.")
         return type(value)(value) if origin is None else (list if origin is list else tuple)(value)
     return value
+
+
+def load_function(path: str, what: str) -> Callable[..., Any]:
+    """The function ``module:function`` names (``what`` says which setting, for the error)."""
+    module_name, sep, name = path.partition(":")
+    if not sep or not module_name or not name:
+        raise ConfigError(f"{what} must look like module:function, got {path!r}.")
+    try:
+        function = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{what}: cannot load {path!r} ({type(e).__name__}: {e}).") from e
+    if not callable(function):
+        raise ConfigError(f"{what}: {path!r} is not callable.")
+    return function

@@ -20,7 +20,7 @@ runs in its own process, one after the other, and is measured the same way:
   (transformers ``generate``, ``use_vllm=False``), timed from start to the saved model. Its saved
   models are then evaluated in another process by agentrl's evaluation.
 
-Both evaluations are :meth:`agentrl.controller.Controller.evaluate`'s engine (:func:`held_out`):
+Both evaluations are :meth:`agentrl.train.loop.Controller.evaluate`'s engine (:func:`held_out`):
 the test split, ``eval_episodes`` episodes of seed ``EVAL_SEED_OFFSET + rollout.seed`` (the same
 tasks every time), ``eval_temperature``, unseeded sampling, the rollout's backend. TRL's models are
 loaded into one engine started on the base model, as agentrl loads its trained weights into its own.
@@ -111,7 +111,7 @@ from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy
 from agentrl.rollout import group_env_seed
 from agentrl.testing import build_tiny_model, train_in_subprocess
-from agentrl.train_config import EVAL_SEED_OFFSET, TrainConfig
+from agentrl.train.config import EVAL_SEED_OFFSET, TrainConfig
 from agentrl.types import Message, ToolCall
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -387,7 +387,7 @@ def token_differences(grpo: Any, agent: ChatAgent, make_env: Callable[[], AgentE
 
 async def held_out(config: TrainConfig, policy: Policy) -> float:
     """Success rate over ``eval_episodes`` held-out episodes played by ``policy``: the engine
-    :meth:`agentrl.controller.Controller.evaluate` builds."""
+    :meth:`agentrl.train.loop.Controller.evaluate` builds."""
     rollout = config.rollout
     engine = build_engine(
         rollout.env_id,

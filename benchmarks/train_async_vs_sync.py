@@ -157,9 +157,10 @@ def run(mode: str, args: argparse.Namespace, model_dir: Path, root: Path) -> dic
     )
     train(config)
     steps = [m for m in read_metrics(root / mode) if "train/policy_version" in m]
-    # The final checkpoint's controller state: the groups trained on and the groups dropped.
-    state = json.loads(sorted((root / mode / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
-    generated = state["trained_groups"] + state["dropped_groups"] + state["tail_queue"]
+    # The final checkpoint's run state: the groups trained on and the groups lost (dropped).
+    saved = json.loads(sorted((root / mode / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    state = {**saved, **saved["lanes"]["default"]}  # the run and its one lane
+    generated = state["trained_groups"] + state["lost_groups"] + state["tail_queue"]
     wall = steps[-1]["time"] - steps[0]["time"]
     trained = (len(steps) - 1) * args.groups * args.group_size
     return {
@@ -168,7 +169,7 @@ def run(mode: str, args: argparse.Namespace, model_dir: Path, root: Path) -> dic
         "per_s": trained / wall,
         "train_s": sum(m["perf/time_train"] for m in steps[1:]),
         "stale": steps[-1].get("train/stale_groups", 0.0),
-        "dropped": len(state["dropped_groups"]),
+        "dropped": len(state["lost_groups"]),
         "staleness_max": max(m.get("train/staleness_max", 0.0) for m in steps),
         "reward_first": steps[0]["rollout/reward_mean"],
         "reward_last": steps[-1]["rollout/reward_mean"],

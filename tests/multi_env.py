@@ -71,9 +71,15 @@ def reward_other(episode: dict[str, Any], weight: float = 1.0) -> dict[str, floa
 
 def first_turn_only(episode: dict[str, Any]) -> list[Any]:
     """Training samples cut to each agent's first turn (a test of samples_fn)."""
-    from agentrl.samples import first_turns
+    from agentrl.agents.trajectory import first_turns
 
     return [first_turns(t, 1) for t in episode.values()]
+
+
+def flat_for_sayer_a(episode: dict[str, Any]) -> dict[str, float]:
+    """sayer_a's every episode scores 1 (its groups carry no signal: a test of the filter
+    curriculum); sayer_b keeps the env's rewards."""
+    return {"sayer_a": 1.0}
 
 
 ONE_ROUND_ID = "tests/SayLettersOnce-v0"

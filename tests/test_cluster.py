@@ -379,7 +379,7 @@ def test_a_bad_cluster_section_says_what_to_change(tmp_path, overrides, message)
 
 
 def test_auto_weight_sync_broadcasts_only_to_vllm_engines_on_gpus_of_their_own():
-    from agentrl.train_config import ClusterConfig
+    from agentrl.train.config import ClusterConfig
 
     disaggregated, colocated = ClusterConfig(trainer_workers=2, engines=2), ClusterConfig(2, 2, "colocated")
     assert disaggregated.weight_path("cuda", "vllm") == "broadcast"
@@ -514,8 +514,7 @@ class TestTwoNodes:
         with the one left."""
         from transformers import AutoModelForCausalLM
 
-        from agentrl.controller import Progress
-        from agentrl.train import train
+        from agentrl.train import Progress, train
 
         def kill_engine_0(info: dict[str, Any]) -> None:
             if len(_steps(tmp_path / "run")) >= 2 and not killed:
@@ -546,11 +545,49 @@ class TestTwoNodes:
         fallbacks = [r for r in caplog.records if "weight broadcast failed" in r.getMessage()]
         assert len(fallbacks) <= 1, fallbacks  # only a sync the kill interrupted went through the object store
 
+    def test_a_full_weight_policy_trains_on_two_ranks_beside_a_lora_policy(self, two_nodes, tiny_model_dir, tmp_path):
+        """A run of two policies: sayer_a's whole weights on the cluster's two trainer ranks and
+        its engine, sayer_b a LoRA adapter trained and served in this process."""
+        import multi_env
+
+        from agentrl.config import load_config
+        from agentrl.metrics import read_metrics
+        from agentrl.train import Progress, train
+
+        ranks: list[str] = []
+
+        def note_ranks(info: dict[str, Any]) -> None:
+            if not ranks:
+                ranks.extend(n for n in ray.util.list_named_actors() if "-rank-" in n)
+
+        policies = {"sayer_a": {"weights": "full"}, "sayer_b": {"weights": "lora"}}
+        config = load_config(
+            TrainConfig,
+            None,
+            [f"rollout.env_id={multi_env.ENV_ID}", f"rollout.model={tiny_model_dir}", "rollout.backend=hf",
+             "rollout.group_size=4", "rollout.max_tokens=6", "rollout.max_length=256", "rollout.max_turns=2",
+             "trainer.lr=1e-2", "trainer.micro_batch_size=4", "mapping=individual", f"policies={json.dumps(policies)}",
+             "groups_per_step=2", "steps=2", "max_staleness=0", "eval_episodes=0", "checkpoint_every=0", "export=true",
+             "torch_threads=1", "cluster.trainer_workers=2", "cluster.engines=1", f"run_dir={tmp_path / 'run'}"],
+        )  # fmt: skip
+        result = train(config, Progress(on_advance=note_ranks))
+
+        assert len(ranks) == 2, ranks
+        metrics = read_metrics(result.run_dir)
+        a = [m for m in metrics if "train/sayer_a/loss" in m]
+        b = [m for m in metrics if "train/sayer_b/loss" in m]
+        assert [m["train/sayer_a/policy_version"] for m in a] == [1.0, 2.0] and len(b) == 2
+        # at staleness 0 the ranks' weights reached the cluster's engine before the next batch
+        assert all(m["train/sayer_a/engine_logprob_gap"] <= 1e-4 for m in a), a
+        assert a[-1]["fault/sayer_a/engines_lost"] == 0  # served behind the cluster's router
+        assert (result.model_dir / "sayer_a" / "model.safetensors").exists()  # from rank 0's weights
+        assert (result.model_dir / "sayer_b" / "adapter_config.json").exists()
+        assert not [n for n in ray.util.list_named_actors() if "-rank-" in n]  # the cluster closed with the run
+
     def test_a_killed_engine_is_replaced_by_the_other_and_every_group_is_trained(
         self, two_nodes, tiny_model_dir, tmp_path
     ):
-        from agentrl.controller import Progress
-        from agentrl.train import train
+        from agentrl.train import Progress, train
 
         def kill_engine_0(info: dict[str, Any]) -> None:
             if info.get("step", 0) >= 1 and not killed:
@@ -572,9 +609,8 @@ class TestTwoNodes:
     def test_a_killed_rank_stops_the_run_which_resumes_without_losing_or_repeating_a_batch(
         self, two_nodes, tiny_model_dir, tmp_path
     ):
-        from agentrl.controller import Progress
         from agentrl.faults import RunFailed
-        from agentrl.train import train
+        from agentrl.train import Progress, train
 
         run_dir = tmp_path / "run"
         config = _cluster_config(tiny_model_dir, run_dir, "steps=3", "checkpoint_every=1", "max_staleness=0")
@@ -596,7 +632,7 @@ class TestTwoNodes:
     def test_colocated_ranks_and_engines_share_their_bundles_nodes(self, two_nodes, tiny_model_dir):
         from agentrl.cluster import start_cluster
         from agentrl.config import EngineConfig
-        from agentrl.train_config import ClusterConfig
+        from agentrl.train.config import ClusterConfig
         from agentrl.trainers import TrainerConfig
 
         cluster = start_cluster(

@@ -1,4 +1,4 @@
-"""Several policies trained in one job (agentrl.multi_train), fast: the tiny model on the hf backend.
+"""Several policies trained in one job (agentrl.train, one lane per policy), fast: the tiny model on the hf backend.
 
 A two-agent env where each agent's reward depends only on its own reply (tests/multi_env.py): both
 policies train on their own agent's trajectories, async and in lockstep; a frozen policy's weights
@@ -21,11 +21,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import multi_env  # noqa: E402  (registers tests/SayLetters-v0)
 
-from agentrl import multi_train  # noqa: E402
 from agentrl.config import ConfigError, load_config  # noqa: E402
 from agentrl.dashboard import read_trajectories, sample_files  # noqa: E402
 from agentrl.metrics import read_metrics  # noqa: E402
 from agentrl.train import TrainConfig, train  # noqa: E402
+from agentrl.train.serving import Serving  # noqa: E402
 
 POLICIES = ("sayer_a", "sayer_b")
 
@@ -62,8 +62,10 @@ def _config(model_dir: Path, run_dir: Path, *overrides: str, policies: dict[str,
 FULL = {p: {"weights": "full"} for p in POLICIES}
 
 
-def _steps(run_dir: Path, policy: str) -> list[dict[str, float]]:
-    return [m for m in read_metrics(run_dir) if f"train/{policy}/policy_version" in m]
+def _steps(run_dir: Path, policy: str | None) -> list[dict[str, float]]:
+    """The step records of ``policy`` (None: of a run of one policy, whose names are unprefixed)."""
+    name = "train/policy_version" if policy is None else f"train/{policy}/policy_version"
+    return [m for m in read_metrics(run_dir) if name in m]
 
 
 def _batches(run_dir: Path) -> list[dict[str, Any]]:
@@ -117,13 +119,13 @@ def test_both_policies_train_asynchronously_and_in_lockstep(tiny_model_dir, tmp_
 
 def test_a_frozen_policy_keeps_its_weights_bitwise(tiny_model_dir, tmp_path, monkeypatch):
     served = {}
-    serve = multi_train._Engines.serve
+    serve = Serving.serve
 
     def spy(self, policy_id, trainer):  # the engine-side policy of each id, to read its weights after
         served[policy_id] = serve(self, policy_id, trainer)
         return served[policy_id]
 
-    monkeypatch.setattr(multi_train._Engines, "serve", spy)
+    monkeypatch.setattr(Serving, "serve", spy)
     policies = {"sayer_a": {"weights": "full"}, "sayer_b": {"weights": "full", "trainable": False}}
     result = train(_config(tiny_model_dir, tmp_path / "run", "export=true", policies=policies))
 
@@ -142,10 +144,10 @@ def test_all_trains_one_shared_policy_on_both_agents_turns(tiny_model_dir, tmp_p
     config = _config(tiny_model_dir, tmp_path / "run", "mapping=all", policies={"default": {"weights": "full"}})
     result = train(config)
 
-    steps = _steps(result.run_dir, "default")
-    assert result.policies == ["default"] and len(steps) == 3
+    steps = _steps(result.run_dir, None)  # one policy: one lane, whose names are unprefixed
+    assert result.policies == [] and len(steps) == 3
     # each group holds both agents' trajectories of its 4 episodes: 2 groups x 4 episodes x 2 agents
-    assert all(m["train/default/trajectories"] == 16 for m in steps)
+    assert all(m["train/trajectories"] == 16 for m in steps)
 
 
 def test_stages_train_the_named_policies_in_order(tiny_model_dir, tmp_path):
@@ -234,6 +236,49 @@ def test_reward_and_samples_hooks_shape_what_each_policy_trains_on(tiny_model_di
     for policy in POLICIES:
         (step,) = _steps(result.run_dir, policy)
         assert step[f"rollout/{policy}/turns_mean"] == 1.0  # cut to its first turn by samples_fn
+
+
+def test_the_filter_curriculum_drops_each_policys_own_groups_of_equal_rewards(tiny_model_dir, tmp_path):
+    config = _config(
+        tiny_model_dir, tmp_path / "run", "reward_fn=multi_env:flat_for_sayer_a", "curriculum.selection=filter",
+        "curriculum.max_filtered=2", "checkpoint_every=3", "steps=2", policies=FULL,
+    )  # fmt: skip
+    result = train(config)
+
+    a, b = _steps(result.run_dir, "sayer_a"), _steps(result.run_dir, "sayer_b")
+    assert len(a) == len(b) == 2
+    # every sayer_a group had equal rewards: each step dropped max_filtered of them (the last look may
+    # drop one more, as a single-agent run's does), then took what came
+    dropped = [m["train/sayer_a/filtered_groups"] for m in a]
+    assert all(2 <= n <= 3 for n in dropped), dropped
+    assert all(m["train/sayer_a/reward_mean"] == 1.0 for m in a)
+    state = json.loads(sorted((result.run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    filtered = state["lanes"]["sayer_a"]["filtered_groups"]
+    assert len(filtered) == sum(dropped) and not set(filtered) & set(state["lanes"]["sayer_a"]["trained_groups"])
+    # sayer_b's groups are its own: filtered only where its own rewards were all equal
+    assert len(state["lanes"]["sayer_b"]["filtered_groups"]) == sum(m["train/sayer_b/filtered_groups"] for m in b)
+
+
+def test_two_policies_train_on_a_multi_agent_env_served_by_agentrl_serve(tiny_model_dir, tmp_path):
+    import httpx
+
+    from agentrl.server import ServerThread, make_app
+
+    with ServerThread(make_app([multi_env.ENV_ID])) as url:  # what `agentrl serve` runs, on loopback
+        config = _config(
+            tiny_model_dir, tmp_path / "run", f"rollout.env_url={url}", "steps=2", "eval_episodes=2", policies=FULL
+        )
+        result = train(config)
+        served = httpx.get(f"{url}/metrics").text
+
+    for policy in POLICIES:
+        steps = _steps(result.run_dir, policy)
+        assert len(steps) == 2 and sum(m[f"rollout/{policy}/failed"] for m in steps) == 0
+        assert all(m[f"rollout/{policy}/turns_mean"] == 2.0 for m in steps)  # both rounds, played on the server
+        assert result.eval_after is not None and result.eval_after[f"eval/{policy}/episodes"] == 2
+    steps = [line for line in served.splitlines() if line.startswith("agentrl_server_steps_total{")]
+    # 2 steps x 2 groups x 4 episodes x 2 rounds, at least (the evaluations and any group run ahead besides)
+    assert steps and float(steps[0].split()[-1]) >= 32, steps
 
 
 @pytest.mark.parametrize(
@@ -357,14 +402,40 @@ def test_a_full_weight_policy_on_vllm_sends_step_ones_changes_alone_and_the_engi
     top = sum(t.numel() * t.element_size() for t in model.model.layers[-1].state_dict().values())
     # the engine was told it serves the starting weights, so step 1 sent only the trained top layer
     assert len(sent) == 2 and all(0 < n <= top + 2 * model.model.norm.weight.nbytes for n in sent), (sent, whole)
-    steps = _steps(result.run_dir, "default")
+    steps = _steps(result.run_dir, None)
     # step 2's batch was sampled after that partial update: the engine served the trainer's weights
-    assert [m["train/default/policy_version"] for m in steps] == [1.0, 2.0]
-    assert max(m["train/default/engine_logprob_gap"] for m in steps) < 1e-4
+    assert [m["train/policy_version"] for m in steps] == [1.0, 2.0]
+    assert max(m["train/engine_logprob_gap"] for m in steps) < 1e-4
 
 
 @pytest.mark.e2e
 def test_kill_9_and_resume_loses_and_repeats_no_batch_of_any_policy(tiny_model_dir, tmp_path):
+    kill_9_and_resume(tiny_model_dir, tmp_path, {})
+
+
+@pytest.mark.e2e
+@pytest.mark.ray
+def test_kill_9_and_resume_of_a_two_policy_run_on_ray_loses_and_repeats_no_batch(ray_cluster, tiny_model_dir, tmp_path):
+    # The run joins the session's two-node cluster: an env worker per node plays the episodes, each
+    # agent's turns going to its policy's actor by name. Its actors die with it (their owner), and
+    # the resumed run starts new ones.
+    import ray
+
+    address, _ = ray_cluster
+    run_dir = kill_9_and_resume(tiny_model_dir, tmp_path, {"ray_address": address})
+
+    metrics = read_metrics(run_dir)
+    for policy in POLICIES:
+        steps = [m for m in metrics if f"train/{policy}/loss" in m]
+        assert all(m[f"fault/{policy}/env_workers_replaced"] == 0 for m in steps)  # played by env workers
+        assert all(m[f"rollout/{policy}/failed"] == 0 for m in steps[-3:])  # after the resume, nothing failed
+    assert not [n for n in ray.util.list_named_actors() if n.startswith("agentrl-policy-")]  # closed with the run
+
+
+def kill_9_and_resume(tiny_model_dir: Path, tmp_path: Path, rollout: dict[str, Any]) -> Path:
+    """``agentrl train`` of two policies killed with SIGKILL after step 7 of 12 and run again: each
+    policy trains every step once, on groups none of which it trains twice, and the groups its
+    buffer held at the checkpoint are trained after the resume."""
     import os
     import signal
     import subprocess
@@ -380,6 +451,7 @@ def test_kill_9_and_resume_loses_and_repeats_no_batch_of_any_policy(tiny_model_d
             "max_tokens": 6,
             "max_length": 256,
             "max_turns": 2,
+            **rollout,
         },
         "trainer": {"lr": 1e-2, "micro_batch_size": 8},
         "mapping": "individual",
@@ -436,3 +508,4 @@ def test_kill_9_and_resume_loses_and_repeats_no_batch_of_any_policy(tiny_model_d
         # groups waiting in its buffer at the checkpoint were trained on after the resume, not lost
         waiting = {int(t["group_id"].split("#0-")[1].split("/")[0]) for t in buffered if t["policy_id"] == policy}
         assert waiting <= {g for step in range(saved["step"] + 1, 7) for g in history[step]}
+    return run_dir

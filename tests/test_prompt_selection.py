@@ -19,6 +19,11 @@ from agentrl.train import train
 from agentrl.trainers.curriculum import PromptCurriculum, PromptValueModel
 
 
+def _one_lane(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's run state with its one lane's fields (``default``'s) beside the run's."""
+    return {**state, **state["lanes"]["default"]}
+
+
 def _varied(tokenizer: Any) -> ScriptedPolicy:
     """Replies that differ between the samples of a group only for 'Say bbb' prompts: the other
     groups' rewards are all equal."""
@@ -52,7 +57,7 @@ def test_filtering_drops_groups_of_equal_rewards_and_plays_others(tiny_model_dir
     texts = _prompt_texts(result.run_dir, tiny_tokenizer)
     assert len(texts) == 3 and set(texts) == {"Say bbb"}
     # the checkpoint says which were filtered; trained and filtered numbers never overlap
-    state = json.loads(next((result.run_dir / "checkpoints").glob("*/controller.json")).read_text())
+    state = _one_lane(json.loads(next((result.run_dir / "checkpoints").glob("*/controller.json")).read_text()))
     trained = [g for b in _batches(result.run_dir) for g in b["groups"]]
     assert len(state["filtered_groups"]) == sum(m["train/filtered_groups"] for m in steps)
     assert not set(trained) & set(state["filtered_groups"]) and len(trained) == len(set(trained)) == 6
@@ -104,7 +109,7 @@ def test_pcl_plays_the_candidates_closest_to_the_target(
     steps = _steps(result.run_dir)
     assert all(m["train/effective_group_fraction"] == 1.0 and m["train/pcl_predicted_mean"] == 0.5 for m in steps)
     assert all(m["perf/time_select"] > 0 and m["train/pcl_value_loss"] >= 0 for m in steps)
-    state = json.loads(sorted((result.run_dir / "checkpoints").glob("*/controller.json"))[-1].read_text())
+    state = _one_lane(json.loads(sorted((result.run_dir / "checkpoints").glob("*/controller.json"))[-1].read_text()))
     trained = {g for b in _batches(result.run_dir) for g in b["groups"]}
     assert not trained & set(state["skipped_groups"])
     assert curriculum.scored == state["next_group"]  # every candidate scored once
@@ -122,7 +127,7 @@ def test_pcl_with_the_real_value_model_trains_and_resumes_without_replaying_skip
     assert result.steps == 4
     by_step = {b["step"]: b["groups"] for b in _batches(run_dir)}
     trained = [g for step in sorted(by_step) for g in by_step[step]]
-    state = json.loads(sorted((run_dir / "checkpoints").glob("*/controller.json"))[-1].read_text())
+    state = _one_lane(json.loads(sorted((run_dir / "checkpoints").glob("*/controller.json"))[-1].read_text()))
     assert sorted(by_step) == [1, 2, 3, 4] and len(trained) == len(set(trained)) == 8
     assert not set(trained) & set(state["skipped_groups"]) and len(state["skipped_groups"]) >= 16
     losses = [m["train/pcl_value_loss"] for m in read_metrics(run_dir) if "train/pcl_value_loss" in m]

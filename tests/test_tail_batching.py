@@ -31,7 +31,9 @@ class SlowOnBbb(ScriptedPolicy):
 
 
 def _state(run_dir) -> dict[str, Any]:
-    return json.loads(sorted((run_dir / "checkpoints").glob("*/controller.json"))[-1].read_text())
+    """The last checkpoint's run state, with its one lane's fields beside the run's."""
+    state = json.loads(sorted((run_dir / "checkpoints").glob("*/controller.json"))[-1].read_text())
+    return {**state, **state["lanes"]["default"]}
 
 
 def test_short_rounds_abort_the_long_tail_and_long_rounds_replay_it(tiny_model_dir, tiny_tokenizer, tmp_path):

@@ -80,6 +80,16 @@ def _steps(run_dir: Path) -> list[dict[str, float]]:
     return [m for m in read_metrics(run_dir) if "train/policy_version" in m]
 
 
+def longer_is_better(episode: dict[str, Any], bonus: float = 0.0) -> dict[str, float]:
+    """A reward_fn for a single-agent run: the reply's length in tokens, plus a stage's ``bonus``."""
+    return {agent: float(t.num_generated) + bonus for agent, t in episode.items()}
+
+
+def _one_lane(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's run state with its one lane's fields (``default``'s) beside the run's."""
+    return {**state, **state["lanes"]["default"]}
+
+
 def _batches(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "batches.jsonl").read_text().splitlines()]
 
@@ -118,6 +128,22 @@ def test_training_does_not_change_the_callers_config(tiny_model_dir, tiny_tokeni
     assert config.trainer_settings().temperature == 0.7 and config.trainer_settings().total_steps == 3
 
 
+def test_a_single_agent_run_takes_stages_and_a_reward_fn(tiny_model_dir, tiny_tokenizer, tmp_path):
+    # One lane like any other: stages set its steps, learning rate and reward_fn's arguments.
+    stages = [{"steps": 1, "reward": {"bonus": 10.0}}, {"steps": 2, "lr": {"default": 0.0}}]
+    config = _config(
+        tiny_model_dir, tmp_path / "run", f"stages={json.dumps(stages)}", "reward_fn=test_train:longer_is_better"
+    )
+    result = train(config, policy=_scripted(tiny_tokenizer))
+
+    steps = _steps(result.run_dir)
+    assert result.steps == 3 and [m["train/stage"] for m in steps] == [0.0, 1.0, 1.0]
+    # the reply's length in tokens, plus the first stage's bonus: the reward the batch trained on
+    bonuses = [m["rollout/reward_mean"] - m["rollout/response_tokens_mean"] for m in steps]
+    assert bonuses == pytest.approx([10.0, 0.0, 0.0])
+    assert steps[0]["train/lr"] == pytest.approx(1e-2) and steps[1]["train/lr"] == 0.0
+
+
 def test_a_resumed_run_trains_every_group_once(tiny_model_dir, tiny_tokenizer, tmp_path):
     run_dir = tmp_path / "run"
     first = _config(tiny_model_dir, run_dir, "max_staleness=1", "steps=2", "checkpoint_every=1", "resume=true")
@@ -154,7 +180,9 @@ def test_a_fault_in_the_weight_sync_after_a_checkpointed_step_does_not_cost_the_
     # The second update sent during training is step 2's, which checkpoint_every=2 saves.
     with pytest.raises(RuntimeError, match="during the weight sync"):
         train(_config(tiny_model_dir, run_dir, "steps=4", *common), policy=DiesInSync(tiny_tokenizer, fatal=2))
-    state = json.loads(sorted((run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    state = _one_lane(
+        json.loads(sorted((run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    )
     assert state["step"] == 2 and sorted(state["trained_groups"]) == [0, 1, 2, 3]
     result = train(_config(tiny_model_dir, run_dir, "steps=4", *common), policy=_scripted(tiny_tokenizer))
     assert result.steps == 4
@@ -196,11 +224,13 @@ def test_a_straggling_group_is_waited_for_or_dropped(tiny_model_dir, tiny_tokeni
     )
     result = train(config, policy=_scripted(tiny_tokenizer, delays))
 
-    state = json.loads(sorted((result.run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    state = _one_lane(
+        json.loads(sorted((result.run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    )
     trained = [g for b in _batches(result.run_dir) for g in b["groups"]]
     assert max(m["train/staleness_max"] for m in _steps(result.run_dir)) <= 1
     if stragglers == "wait":
-        assert 0 in trained[:4] and state["dropped_groups"] == []
+        assert 0 in trained[:4] and state["lost_groups"] == []
     else:
         assert 0 not in trained[:4] and trained[:4] == [1, 2, 3, 4]
 
@@ -293,5 +323,7 @@ def test_a_resumed_run_counts_versions_on_and_keeps_staleness_in_its_bound(tiny_
     versions = [m["train/policy_version"] for m in steps]
     assert versions == sorted(versions) and len(set(versions)) == 6, versions
     assert all(0 <= m["train/staleness_mean"] <= m["train/staleness_max"] <= 2 for m in steps)
-    state = json.loads(sorted((run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    state = _one_lane(
+        json.loads(sorted((run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
+    )
     assert state["policy_version"] == versions[-1]

@@ -95,6 +95,32 @@ class Policy(Protocol):
         ...
 
 
+# --- what some engines can do besides (checked with isinstance, never probed by name) -------------
+
+
+@runtime_checkable
+class Pingable(Protocol):
+    """An engine that can say whether it is alive (vLLM, a Ray policy actor): ``ping`` raises once it died."""
+
+    def ping(self) -> None: ...
+
+
+@runtime_checkable
+class KnowsServedWeights(Protocol):
+    """An engine that can be told which tensors it serves already, so that its first update sends
+    only what changed (vLLM)."""
+
+    def serves(self, named_tensors: Iterable[tuple[str, Any]]) -> None: ...
+
+
+@runtime_checkable
+class CountsVersions(Protocol):
+    """An engine that reports versions others set (a new Ray policy actor that took over a dead one's
+    weights reports the version those had)."""
+
+    def set_version(self, version: int) -> None: ...
+
+
 class TensorStamp(NamedTuple):
     """What a tensor held when :func:`stamp` saw it, to tell later whether it changed (:func:`unchanged`)."""
 

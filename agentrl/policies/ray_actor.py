@@ -30,7 +30,7 @@ except ImportError as e:  # an optional dependency: say which extra brings it
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
-from agentrl.policies.base import Generation, Policy, Sampling
+from agentrl.policies.base import Generation, Pingable, Policy, Sampling
 from agentrl.policies.make import make_policy
 
 
@@ -137,9 +137,8 @@ class PolicyActor:
 
     async def ping(self) -> None:
         """Return if the hosted engine is alive (the backend's own ``ping``, where it has one)."""
-        ping = getattr(self.policy, "ping", None)
-        if ping is not None:
-            await asyncio.to_thread(ping)
+        if isinstance(self.policy, Pingable):
+            await asyncio.to_thread(self.policy.ping)
 
     async def set_version(self, version: int) -> None:
         """Count versions on from ``version``: a new actor that took over a dead one's weights

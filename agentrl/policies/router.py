@@ -32,13 +32,22 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from agentrl.faults import EngineLost
 from agentrl.policies.base import Generation, Policy, Sampling
 from agentrl.policies.supervisor import engine_died
 
 log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class Delivers(Protocol):
+    """Weights that bring themselves to the engines (:class:`agentrl.cluster.BroadcastWeights`, a
+    broadcast from the trainer's rank 0): the router hands them the live engines and gets one result
+    (a version, or the exception) per engine."""
+
+    async def deliver(self, engines: Sequence[Any]) -> list[Any]: ...
 
 
 @dataclass
@@ -112,9 +121,8 @@ class RouterPolicy:
         # an object-store reference: agentrl.policies.ray_actor.SharedWeights) is passed on as it is.
         weights = list(named_tensors) if isinstance(named_tensors, Iterator) else named_tensors
         indices = list(self.live)
-        deliver = getattr(weights, "deliver", None)  # a broadcast to the engines (agentrl.cluster.BroadcastWeights)
-        if deliver is not None:
-            results = await deliver([self.engines[i] for i in indices])
+        if isinstance(weights, Delivers):  # a broadcast to the engines (agentrl.cluster.BroadcastWeights)
+            results = await weights.deliver([self.engines[i] for i in indices])
         else:
             results = await asyncio.gather(
                 *(self.engines[i].aupdate_weights(weights) for i in indices), return_exceptions=True

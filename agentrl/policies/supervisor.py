@@ -34,11 +34,22 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from agentrl.faults import EngineLost, error_chain
-from agentrl.policies.base import EngineClosed, Generation, Policy, Sampling, TensorStamp, stamp, unchanged
+from agentrl.policies.base import (
+    CountsVersions,
+    EngineClosed,
+    Generation,
+    KnowsServedWeights,
+    Pingable,
+    Policy,
+    Sampling,
+    TensorStamp,
+    stamp,
+    unchanged,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,9 +145,20 @@ class EngineSupervisor:
         """Tell the engine that it serves these tensors already (``VLLMPolicy.serves``: its first update
         then sends only what changed); a backend without the method is left alone. A new engine
         starts from the same checkpoint, so this holds for it too until the first update."""
-        serves = getattr(self.policy, "serves", None)
-        if serves is not None:  # the engine is told of the copies that updates will pass it
-            serves(self._keep(named_tensors))
+        if isinstance(self.policy, KnowsServedWeights):  # the engine is told of the copies that updates will pass it
+            self.policy.serves(self._keep(named_tensors))
+
+    def adapter(self, policy_id: str, config: Mapping[str, Any]) -> EngineSupervisor:
+        """A LoRA adapter of this engine (``host.adapter``, :class:`~agentrl.policies.lora.AdapterPolicy`)
+        that follows it to a new engine: when a request of the adapter meets the engine's death, the
+        adapter is made again on the new engine and given its last weights, its versions counted on.
+        A shared LoRA engine of a multi-policy run is supervised this way, each adapter a policy."""
+
+        def start() -> Policy:
+            self._revive()  # the engine may not have noticed yet the death its adapter's request met
+            return self._serving_now().adapter(policy_id, config)  # type: ignore[attr-defined,no-any-return]
+
+        return EngineSupervisor(start, max_restarts=self.max_restarts, watch_every=0)
 
     def metrics(self) -> dict[str, float]:
         """``fault/engine_restarts`` and ``fault/engine_seconds_lost`` so far."""
@@ -201,16 +223,27 @@ class EngineSupervisor:
             current.result()
         return current[0]
 
+    def _revive(self) -> None:
+        """Replace the engine now if a ping says it died, and wait until an engine serves."""
+        policy = self._serving_now()
+        if isinstance(policy, Pingable):
+            try:
+                policy.ping()
+            except Exception as error:
+                if not engine_died(error):
+                    raise
+                self._restart_soon(policy, error)
+        self._serving_now()
+
     def _watch(self, every: float) -> None:
         """Every ``every`` seconds, ping the engine (a backend with a ``ping`` method) and replace it if
         it died: requests that others send it (env workers on a cluster) never pass through here."""
         while not self._closed.wait(every):
             policy = self.policy
-            ping = getattr(policy, "ping", None)
-            if ping is None or self._restarting is not None or self.failure is not None:
+            if not isinstance(policy, Pingable) or self._restarting is not None or self.failure is not None:
                 continue
             try:
-                ping()
+                policy.ping()
             except Exception as error:
                 if engine_died(error) and not self._closed.is_set():
                     self._restart_soon(policy, error)
@@ -246,9 +279,8 @@ class EngineSupervisor:
             with self._lock:
                 weights, version = self._weights, self._version
             inner = policy.update_weights(weights) if weights is not None else policy.version
-            set_version = getattr(policy, "set_version", None)
-            if set_version is not None:  # the engine itself reports our versions (others reach it too)
-                set_version(version)
+            if isinstance(policy, CountsVersions):  # the engine itself reports our versions (others reach it too)
+                policy.set_version(version)
                 inner = version
             with self._lock:
                 self.policy, self._offset = policy, version - inner

@@ -598,10 +598,12 @@ def cluster_rollout(
     tokenizer: Tokenizers,
     env_kwargs: Mapping[str, Any],
     imports: Sequence[str] = (),
+    mapping: MappingPreset | str | Callable[[str], str] = "all",
 ) -> DistributedRollout:
     """A :class:`DistributedRollout` with ``config``'s engine settings on the connected cluster: one
     env worker per live node, sharing ``config.concurrency``, making envs with ``env_kwargs`` after
-    importing ``imports`` (``agentrl rollout`` and ``agentrl train`` with ``ray_address`` play this way)."""
+    importing ``imports`` (``agentrl rollout`` and ``agentrl train`` with ``ray_address`` play this way);
+    a multi-agent env's agents go to the policy ``mapping`` gives them."""
     num_workers = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
     settings = engine_settings(config)
     settings["concurrency"] = math.ceil(config.concurrency / num_workers)
@@ -613,5 +615,6 @@ def cluster_rollout(
         num_workers=num_workers,
         env_kwargs=dict(env_kwargs),
         imports=imports,
+        mapping=mapping,
         **settings,
     )

@@ -183,7 +183,7 @@ def single_model_config(config: Any) -> Any:
     the conversation agent alone (``feedback: none``) trained on R_c for as many steps as the whole
     WaltzRL run takes, with the same engine, sampling, batch and trainer settings; its run
     directory is ``<run_dir>-single``."""
-    from agentrl.train_config import PolicyConfig, StageConfig  # torch: only when training
+    from agentrl.train.config import PolicyConfig, StageConfig  # torch: only when training
 
     rollout = replace(config.rollout, env_kwargs={**config.rollout.env_kwargs, "feedback": "none"})
     conversation = config.policies.get("conversation", PolicyConfig())
@@ -221,10 +221,10 @@ def waltz_table(
     """
     from agentrl.build import build_engine, limits_of, policy_options, sampling_of  # torch, vllm: lazily
     from agentrl.model_paths import resolve_model
-    from agentrl.multi_train import vllm_lora_rank
     from agentrl.policies import make_policy
     from agentrl.train import train
-    from agentrl.train_config import EVAL_SEED_OFFSET
+    from agentrl.train.config import EVAL_SEED_OFFSET
+    from agentrl.train.serving import vllm_lora_rank
 
     waltz_dir = Path(config.run_dir) / "model"
     single = single_model_config(config)

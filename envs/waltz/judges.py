@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from agentrl.agents.guard import SpecialTextGuard
+from agentrl.config import load_function
 from agentrl.envs.waltz.tasks import Labels, Prompt, exact_labels
 from agentrl.model_paths import DEFAULT_MODEL, resolve_model
 from agentrl.policies import Policy, Sampling, make_policy
@@ -473,10 +474,6 @@ def _build(spec: str, options: dict[str, Any]) -> Judge:
     if spec == "llm":
         return llm_judge(_llm_config(options))
     if ":" in spec:
-        # Imported here: agentrl.multi_train brings torch and the trainer, which the other judges
-        # (and every env that only imports this module) do without.
-        from agentrl.multi_train import load_function
-
         function = load_function(spec, "judge")
         if options:
             bound = function

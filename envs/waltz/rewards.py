@@ -23,8 +23,8 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+from agentrl.agents.trajectory import first_turns, one_turn
 from agentrl.envs.waltz.tasks import Labels
-from agentrl.samples import first_turns, one_turn
 from agentrl.types import Trajectory
 
 ALPHA, LAMBDA, GAMMA = 1.0, 1.0, 1.0

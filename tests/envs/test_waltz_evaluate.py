@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.envs.waltz.evaluate import Rate, f1_score, records_of, single_model_config, waltz_metrics, wilson
-from agentrl.train_config import TrainConfig
+from agentrl.train.config import TrainConfig
 from agentrl.types import Trajectory
 
 

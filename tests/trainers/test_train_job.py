@@ -191,7 +191,8 @@ def test_kill_9_and_resume_loses_and_repeats_no_batch(tiny_model_dir, tmp_path):
     checkpoints = sorted((run_dir / "checkpoints").glob("step-*"))
     assert checkpoints, "no checkpoint before the kill"
     resumed_from = int(checkpoints[-1].name.split("-")[1])
-    controller = json.loads((checkpoints[-1] / "controller.json").read_text())
+    state = json.loads((checkpoints[-1] / "controller.json").read_text())
+    controller = {**state, **state["lanes"]["default"]}  # the run and its one lane
     buffered = {
         json.loads(line)["group_id"]
         for line in (checkpoints[-1] / "buffer.jsonl").read_text().splitlines()

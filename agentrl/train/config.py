@@ -98,7 +98,8 @@ class ClusterConfig:
     """Trainer ranks and inference engines as Ray actors: the ``cluster:`` section (docs/distributed.md).
 
     Left out (``trainer_workers: 0``), the trainer runs in the ``agentrl train`` process and one engine
-    serves, as without Ray. See :mod:`agentrl.cluster`."""
+    serves, as without Ray. In a run of several policies, the cluster trains its one trainable
+    ``weights: full`` policy; the LoRA policies train and play in this process. See :mod:`agentrl.cluster`."""
 
     trainer_workers: int = 0
     """Trainer ranks (``torch.distributed`` processes: gloo on the CPU, NCCL on GPUs); 0: no cluster."""
@@ -168,7 +169,7 @@ class TrainConfig:
     tail_extra: float = 0.5
     """Tail batching: the share of extra groups a short round starts (0.5: 6 for a batch of 4)."""
     curriculum: CurriculumConfig = field(default_factory=CurriculumConfig)
-    """Single-agent envs: which prompts are played (uniform, a PCL value model, or DAPO-style filtering)."""
+    """Which prompts are played: uniform, DAPO-style filtering (per policy), or a PCL value model (single-agent envs)."""
     stragglers: Literal["wait", "drop"] = "wait"
     """A group about to become too stale: wait for it (none dropped as stale) or drop it (biased to fast episodes)."""
     policies: dict[str, PolicyConfig] = field(default_factory=dict)
@@ -178,11 +179,11 @@ class TrainConfig:
     lockstep: bool = False
     """Multi-agent envs: all training policies step together (False: each steps as soon as its batch is ready)."""
     stages: list[StageConfig] = field(default_factory=list)
-    """Multi-agent envs: phases run in order (see StageConfig); empty: one stage of ``steps`` for every trainable policy."""
+    """Phases run in order (see StageConfig); empty: one stage of ``steps`` for every trainable policy."""
     reward_fn: str | None = None
-    """Multi-agent envs: ``module:function`` scoring each finished episode, ``f(episode, **stage.reward)`` (docs/multi-agent.md)."""
+    """``module:function`` scoring each finished episode, ``f(episode, **stage.reward)``; a single-agent episode is ``{"agent": trajectory}`` (docs/multi-agent.md)."""
     samples_fn: str | None = None
-    """Multi-agent envs: ``module:function`` turning a finished episode into training samples (docs/multi-agent.md)."""
+    """``module:function`` turning a finished episode into training samples (docs/multi-agent.md)."""
     samples_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments given to ``samples_fn``: ``f(episode, **samples_args)``."""
     device: Literal["cpu", "cuda"] = "cpu"
@@ -206,7 +207,7 @@ class TrainConfig:
     resume: bool = True
     """Continue from the newest checkpoint in run_dir when there is one."""
     max_engine_restarts: int = 3
-    """Times a dead inference engine (vLLM's engine core, a Ray policy actor) is replaced by a new one with the last weights in one run of the command; one more death ends the run (0: the first does). Per engine: a single-policy run's, and each ``weights: full`` policy's of a multi-policy run (its shared LoRA engine is not replaced yet)."""
+    """Times a dead inference engine (vLLM's engine core, a Ray policy actor) is replaced by a new one with the last weights in one run of the command; one more death ends the run (0: the first does). Per engine: each ``weights: full`` policy's (a single-agent run's one policy), and the shared engine of the LoRA policies, whose adapters are made again on its replacement."""
     export: bool = True
     """Save the trained model as a transformers checkpoint in run_dir/model at the end."""
     tensorboard: bool = False
@@ -332,11 +333,10 @@ class TrainConfig:
                 "cluster.engines start inference engines (vllm or hf), but rollout.backend is openai (a server of your "
                 "own): set rollout.backend vllm or hf, or leave the cluster section out."
             )
-        if self.rollout.ray_address is not None or self.policies or self.curriculum.selection == "pcl":
+        if self.rollout.ray_address is not None or self.curriculum.selection == "pcl":
             raise ValueError(
-                "the cluster section trains one policy with env episodes in this process: it cannot be combined "
-                "with rollout.ray_address, a multi-agent run's policies, or curriculum.selection pcl (yet). "
-                "Leave the cluster section out for those."
+                "the cluster section trains with env episodes in this process: it cannot be combined with "
+                "rollout.ray_address or curriculum.selection pcl (yet). Leave the cluster section out for those."
             )
         if cluster.weight_sync == "broadcast" and self.rollout.backend != "vllm":
             raise ValueError(
