@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 import agentrl
 from agentrl import AgentEnv, Feedback, Message, tool
-from agentrl.cli import app, parse_kwargs
+from agentrl.cli import app
+from agentrl.cli.common import parse_kwargs
 from agentrl.envs.negotiation import NegotiationEnv
 from agentrl.registry import _MULTIAGENT
 
@@ -524,7 +525,7 @@ def train_summary(capsys, **result_fields) -> tuple[str, list[str]]:
     its table's rows as "label │ before │ after"."""
     from types import SimpleNamespace
 
-    from agentrl.cli import _print_train_summary
+    from agentrl.cli.train import _print_train_summary
 
     config = SimpleNamespace(
         rollout=SimpleNamespace(env_id="agentrl/Negotiation-v0", model="tiny"),
@@ -567,9 +568,9 @@ def test_train_summary_of_a_single_policy_run_has_the_plain_rows(capsys):
 
 
 def test_line_progress_prints_each_phase_step_and_evaluation_once(capsys):
-    from agentrl.cli import _LineProgress
+    from agentrl.cli.progress import LineProgress
 
-    with _LineProgress() as progress:
+    with LineProgress() as progress:
         hooks = progress.hooks()
         hooks.on_phase("starting the inference engine", 0)
         hooks.on_phase("evaluating (step 0)", 3)
@@ -595,13 +596,13 @@ def test_line_progress_prints_each_phase_step_and_evaluation_once(capsys):
 
 
 def test_a_closed_pipe_stops_the_lines_not_the_run():
-    from agentrl.cli import _LineProgress
+    from agentrl.cli.progress import LineProgress
 
     class Closed:
         def write(self, text: str) -> None:
             raise BrokenPipeError(32, "Broken pipe")
 
-    progress = _LineProgress(out=Closed())  # type: ignore[arg-type]
+    progress = LineProgress(out=Closed())  # type: ignore[arg-type]
     progress.line("one")  # raises nothing; later lines are not attempted
     assert progress.out is None
 

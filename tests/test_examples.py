@@ -77,14 +77,15 @@ def test_the_negotiation_example_trains_two_policies_with_a_tiny_model_and_budge
 
 
 def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_model(tiny_model_dir, tmp_path):
-    # examples/waltzrl.yaml as it stands (two LoRA policies, two stages, the WaltzRL reward_fn and
+    # recipes/waltzrl/waltzrl.yaml as it stands (two LoRA policies, two stages, the WaltzRL reward_fn and
     # samples_fn), then `agentrl waltz-table` (it trains the single-model RL baseline first) and
     # `agentrl eval` on Waltz, with only the model, the backend and the budget made small.
     import json
 
-    config = EXAMPLES / "waltzrl.yaml"
+    config = EXAMPLES.parent / "recipes" / "waltzrl" / "waltzrl.yaml"
     head = "\n".join(config.read_text().splitlines()[:8])
-    assert "agentrl train examples/waltzrl.yaml" in head and "agentrl waltz-table examples/waltzrl.yaml" in head
+    assert "agentrl train recipes/waltzrl/waltzrl.yaml" in head
+    assert "agentrl waltz-table recipes/waltzrl/waltzrl.yaml" in head
     run_dir = tmp_path / "run"
     small = [f"rollout.model={tiny_model_dir}", "rollout.backend=hf", "rollout.group_size=2", "rollout.max_tokens=8",
              "rollout.max_length=2048", "groups_per_step=1", "trainer.micro_batch_size=2",

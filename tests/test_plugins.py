@@ -1,4 +1,5 @@
-"""Third-party env packages: found through the ``agentrl.envs`` entry-point group, never by name.
+"""Third-party packages: envs found through the ``agentrl.envs`` entry-point group, never by name,
+and commands and eval reports through ``agentrl.commands`` and ``agentrl.eval_reports``.
 
 Each test builds a small package in a temporary folder, pip-installs it into this interpreter
 (``--no-build-isolation --no-deps``: nothing is downloaded) and checks, in a fresh Python process
@@ -39,7 +40,7 @@ packages = ["{module}"]
 
 [project.entry-points."agentrl.envs"]
 {entry_points}
-"""
+{extra}"""
 
 ECHO_ENVS = '''\
 """Envs of a third-party package; importing this module registers thirdparty/Echo-v0."""
@@ -78,12 +79,34 @@ def register_reverse():
 agentrl.register("thirdparty/Echo-v0", "agentrl_test_echo.envs:Echo")
 '''
 
+ECHO_CLI = '''\
+"""What the package adds to the agentrl command line: a command and an eval report."""
+
+import typer
+
+from agentrl_test_echo.envs import WORDS
+
+
+def words(count: int = typer.Option(4, help="How many words.")) -> None:
+    """Print the words thirdparty/Echo-v0 asks for."""
+    print("words:", " ".join(WORDS[:count]))
+
+
+def report(env_id, trajectories):
+    if env_id != "thirdparty/Echo-v0":
+        return None
+    said = sum(t.info.get("said", False) for t in trajectories)
+    return f"echo report: {len(trajectories)} episodes, {said} said"
+'''
+
 ECHO = {
     "dist": "agentrl-test-echo",
     "module": "agentrl_test_echo",
     "entry_points": 'agentrl_test_echo = "agentrl_test_echo.envs"\n'
     'agentrl_test_reverse = "agentrl_test_echo.envs:register_reverse"',
-    "files": {"__init__.py": "", "envs.py": ECHO_ENVS},
+    "extra": '[project.entry-points."agentrl.commands"]\necho-words = "agentrl_test_echo.cli:words"\n'
+    '[project.entry-points."agentrl.eval_reports"]\necho = "agentrl_test_echo.cli:report"\n',
+    "files": {"__init__.py": "", "envs.py": ECHO_ENVS, "cli.py": ECHO_CLI},
 }
 GYMSTYLE_ENVS = '''\
 """Envs written the gymnasium way: an AgentEnv overriding reset/step, and a plain gymnasium.Env."""
@@ -140,6 +163,9 @@ BROKEN = {
     "dist": "agentrl-test-broken",
     "module": "agentrl_test_broken",
     "entry_points": 'agentrl_test_broken = "agentrl_test_broken"',
+    # a command that cannot load, and one that would replace a built-in command
+    "extra": '[project.entry-points."agentrl.commands"]\nbroken-words = "agentrl_test_broken:words"\n'
+    'train = "agentrl_test_broken:train"\n',
     "files": {"__init__.py": 'raise RuntimeError("this plugin is broken on purpose")\n'},
 }
 
@@ -177,7 +203,7 @@ def install(package: dict, root: Path) -> Iterator[None]:
     require_offline_wheel_build()
     source = root / package["dist"]
     (source / package["module"]).mkdir(parents=True)
-    (source / "pyproject.toml").write_text(PYPROJECT.format(**package))
+    (source / "pyproject.toml").write_text(PYPROJECT.format(**{"extra": "", **package}))
     for name, text in package["files"].items():
         (source / package["module"] / name).write_text(text)
     if installed(package["dist"]):  # left over from a run that was killed midway
@@ -273,6 +299,34 @@ def test_broken_plugin_warns_but_agentrl_still_works(broken_plugin, tmp_path):
     assert unknown.returncode == 2
     assert "Unknown env 'thirdparty/Nothing-v0'" in unknown.stderr
     assert "agentrl_test_broken" in unknown.stderr  # the hint says which plugins failed to load
+
+    help_text = fresh(agentrl_cli("--help"), tmp_path)
+    assert help_text.returncode == 0, help_text.stderr
+    assert "could not load the agentrl.commands entry point 'broken-words'" in help_text.stderr
+    assert "'train' (agentrl_test_broken:train) names a command agentrl has" in help_text.stderr
+    assert "broken-words" not in help_text.stdout and "Traceback" not in help_text.stderr
+    train_help = fresh(agentrl_cli("train", "--help"), tmp_path)  # the built-in, not the plugin's
+    assert train_help.returncode == 0 and "TrainConfig" in train_help.stdout
+
+
+def test_plugin_command_is_on_the_command_line(echo_plugin, tmp_path):
+    help_text = fresh(agentrl_cli("--help"), tmp_path)
+    assert help_text.returncode == 0, help_text.stderr
+    assert "echo-words" in help_text.stdout and "waltz-table" in help_text.stdout  # ours, by the same route
+    result = fresh(agentrl_cli("echo-words", "--count", "2"), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "words: apple pear"
+    assert "warning" not in result.stderr.lower()
+
+
+@pytest.mark.e2e
+def test_plugin_eval_report_is_printed_after_its_envs_episodes(echo_plugin, tiny_model_dir, tmp_path):
+    command = agentrl_cli("eval", "thirdparty/Echo-v0", "--model", str(tiny_model_dir), "--backend", "hf",
+                          "--episodes", "2", "max_tokens=4", "max_length=256")  # fmt: skip
+    result = fresh(command, tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "echo report: 2 episodes, 0 said" in result.stdout
+    assert "WaltzRL metrics" not in result.stdout  # the Waltz report is for Waltz runs only
 
 
 GYMSTYLE_IDS = ["thirdparty/GymWayEcho-v0", "thirdparty/PlainEcho-v0"]

@@ -8,7 +8,7 @@ import pytest
 
 from agentrl.agents import ChatAgent, TrajectoryBuilder
 from agentrl.agents.trajectory import first_turns, one_turn
-from agentrl.envs.waltz.rewards import waltz_samples
+from agentrl.recipes.waltzrl.hooks import waltz_samples
 from agentrl.types import Message, Trajectory
 
 REPLIES = ["First answer.", "Second answer, longer than the first.", "Third."]

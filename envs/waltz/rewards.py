@@ -11,21 +11,16 @@ f_0 .. f_{T-1} (f_t reviews c_t):
 - feedback reward ``R_f = alpha * DIR * R_label + lambda * R_label + gamma * R_format``: the
   improvement counts only when the labels are right (without that gate, label accuracy collapses).
 
-:func:`waltz_rewards` is the ``reward_fn`` of ``examples/waltzrl.yaml`` (its keyword arguments are
-a stage's ``reward:``, so stage 2 sets ``lam: 0``); :func:`waltz_samples` its ``samples_fn``: the
-feedback agent trains on one uniformly drawn round per episode, the conversation agent on its
-first answer or (with probability ``revised_share``) its last revised one.
+The WaltzRL recipe (``recipes/waltzrl``) turns these terms into a training run's per-turn rewards
+and samples (:mod:`agentrl.recipes.waltzrl.hooks`).
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Mapping
 from typing import Any
 
-from agentrl.agents.trajectory import first_turns, one_turn
 from agentrl.envs.waltz.tasks import Labels
-from agentrl.types import Trajectory
 
 ALPHA, LAMBDA, GAMMA = 1.0, 1.0, 1.0
 """The default weights of the improvement, label and format terms of the feedback reward."""
@@ -74,54 +69,7 @@ def episode_rewards(
     return answer_rewards, feedback_rewards
 
 
-def waltz_rewards(
-    episode: Mapping[str, Trajectory], alpha: float = ALPHA, lam: float = LAMBDA, gamma: float = GAMMA
-) -> dict[str, list[float]]:
-    """The ``reward_fn`` of a WaltzRL run: per-turn rewards of both agents with this stage's
-    ``alpha``, ``lam`` (lambda) and ``gamma``."""
-    record = _record(episode)
-    answers, rounds = episode_rewards(record, alpha=alpha, lam=lam, gamma=gamma)
-    rewards = {"conversation": answers, "feedback": rounds}
-    for agent_id, values in rewards.items():
-        turns = len(episode[agent_id].turn_ends) if agent_id in episode else 0
-        if turns != len(values):
-            raise ValueError(
-                f"the Waltz record has {len(values)} {agent_id} turns but the trajectory has {turns}; "
-                "was the episode cut short (max_turns, max_length)?"
-            )
-    return {agent_id: values for agent_id, values in rewards.items() if values}
-
-
-def waltz_samples(episode: Mapping[str, Trajectory], revised_share: float = 0.5) -> list[Trajectory]:
-    """The ``samples_fn`` of a WaltzRL run: the feedback agent's verdict of one round drawn
-    uniformly, and the conversation agent's first answer or, with probability ``revised_share``
-    when there was a revision, its last answer (the earlier turns then are context, not trained).
-    The draws are seeded by the episode's tokens, so a replayed episode gives the same samples."""
-    if not 0.0 <= revised_share <= 1.0:
-        raise ValueError(f"revised_share must be in [0, 1], got {revised_share}.")
-    samples = []
-    conversation, feedback = episode.get("conversation"), episode.get("feedback")
-    if conversation is not None and conversation.turn_ends:
-        turns = len(conversation.turn_ends)
-        revised = turns > 1 and _rng(conversation).random() < revised_share
-        samples.append(one_turn(conversation, turns - 1) if revised else first_turns(conversation, 1))
-    if feedback is not None and feedback.turn_ends:
-        samples.append(one_turn(feedback, _rng(feedback).randrange(len(feedback.turn_ends))))
-    return samples
-
-
-def _record(episode: Mapping[str, Trajectory]) -> Mapping[str, Any]:
-    for trajectory in episode.values():
-        if "waltz" in trajectory.info:
-            return trajectory.info["waltz"]  # type: ignore[no-any-return]
-    raise ValueError("no trajectory of the episode has info['waltz']: is this an agentrl/Waltz-v0 episode?")
-
-
 def _labels(answer: Mapping[str, Any] | None) -> Labels | None:
     if answer is None or answer["unsafe"] is None:  # the judge could not read a verdict
         return None
     return Labels(answer["unsafe"], answer["overrefuse"])
-
-
-def _rng(trajectory: Trajectory) -> random.Random:
-    return random.Random(hash(tuple(trajectory.token_ids)))  # ints hash alike in every process

@@ -23,12 +23,13 @@ from agentrl.agents.waltz import (
     revision_notice,
 )
 from agentrl.build import build_engine
-from agentrl.envs.waltz import WaltzEnv, waltz_rewards, waltz_samples
+from agentrl.envs.waltz import WaltzEnv
 from agentrl.envs.waltz.judges import CallableJudge
 from agentrl.envs.waltz.rewards import episode_rewards
 from agentrl.envs.waltz.tasks import builtin_prompts
 from agentrl.multiagent import make_multiagent, run_multiagent_episode
 from agentrl.policies import Sampling, make_policy
+from agentrl.recipes.waltzrl.hooks import waltz_rewards, waltz_samples
 from agentrl.rollout import EpisodeLimits
 from agentrl.types import Message
 

@@ -1,12 +1,14 @@
-"""The WaltzRL evaluation's arithmetic (envs/waltz/evaluate.py) against hand-computed values; the
-five configurations end to end are in tests/test_examples.py."""
+"""The WaltzRL metrics' arithmetic (envs/waltz/metrics.py) against hand-computed values, and the
+recipe's single-model RL baseline config (recipes/waltzrl/evaluate.py); the five configurations end
+to end are in tests/test_examples.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from agentrl.config import load_config
-from agentrl.envs.waltz.evaluate import Rate, f1_score, records_of, single_model_config, waltz_metrics, wilson
+from agentrl.envs.waltz.metrics import Rate, eval_report, f1_score, records_of, waltz_metrics, wilson
+from agentrl.recipes.waltzrl.evaluate import single_model_config
 from agentrl.train.config import TrainConfig
 from agentrl.types import Trajectory
 
@@ -83,8 +85,24 @@ def test_records_come_from_the_conversation_agent_once_per_episode():
     assert records_of(trajectories) == [record]
 
 
+def test_eval_report_is_the_waltz_metrics_table_of_waltz_runs_only():
+    from rich.console import Console
+
+    from agentrl.cli.plugins import eval_reports
+
+    trajectories = [Trajectory(agent_id="conversation", info={"waltz": record}) for record in RECORDS]
+    (report,) = eval_reports("agentrl/Waltz-v0", trajectories)  # through the entry point pyproject.toml declares
+    console = Console(width=200, record=True)
+    console.print(report)
+    text = console.export_text()
+    assert "WaltzRL metrics" in text and "one model, both roles" in text
+    assert "50.0% [9.5%, 90.5%] n=2" in text  # ASR: 1 of 2 harmful prompts
+    assert eval_report("agentrl/Calculator-v0", trajectories) is None
+    assert eval_reports("agentrl/Calculator-v0", trajectories) == []
+
+
 def test_single_model_baseline_is_the_conversation_agent_alone_on_the_same_budget():
-    config = load_config(TrainConfig, "examples/waltzrl.yaml")
+    config = load_config(TrainConfig, "recipes/waltzrl/waltzrl.yaml")
     single = single_model_config(config)
     assert single.rollout.env_kwargs["feedback"] == "none"
     assert single.rollout.env_kwargs["max_rounds"] == config.rollout.env_kwargs["max_rounds"]

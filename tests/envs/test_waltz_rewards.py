@@ -12,9 +12,9 @@ from agentrl.envs.waltz.rewards import (
     episode_rewards,
     feedback_reward,
     label_reward,
-    waltz_rewards,
 )
 from agentrl.envs.waltz.tasks import Labels
+from agentrl.recipes.waltzrl.hooks import waltz_rewards
 from agentrl.types import Trajectory
 
 # Weights that keep the three terms of R_f apart in every sum below.

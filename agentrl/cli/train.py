@@ -1,0 +1,143 @@
+"""``agentrl train`` and ``agentrl plot``: a training run with its progress on screen and its
+held-out summary, and the picture of a run's curves."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+import agentrl
+from agentrl.cli.common import (
+    USAGE_ERRORS,
+    console,
+)
+from agentrl.cli.progress import train_progress
+from agentrl.config import ConfigError, load_config
+from agentrl.faults import RunFailed, failure_message, native_stderr_to, resume_command, vllm_logs_to, write_traceback
+from agentrl.metrics import policy_metric
+from agentrl.registry import is_multiagent
+
+
+def train_command(
+    config: Annotated[
+        str | None, typer.Argument(help="A YAML file of TrainConfig fields, e.g. examples/quickstart.yaml.")
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(help="Any TrainConfig field as key=value; sections with dots: trainer.lr=1e-5."),
+    ] = None,
+) -> None:
+    """Train a policy on an env: rollouts on the inference engine, PPO/GRPO steps, weights back to the engine.
+
+    Prints held-out success before and after training; writes metrics, checkpoints, the trained model
+    and the curves into run_dir.
+    """
+    from agentrl.train import TrainConfig, train  # torch and transformers: not for `agentrl --help`
+
+    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+        overrides, config = [config, *(overrides or [])], None  # only overrides were given
+    settings = load_config(TrainConfig, config, list(overrides or []))
+    for module in settings.imports:  # first: they may register the env named below
+        try:
+            importlib.import_module(module)
+        except ImportError as e:  # say which entry of imports: failed; CleanErrors makes it exit 2
+            raise ConfigError(
+                f"imports: cannot import {module!r} ({type(e).__name__}: {e}). Install the package "
+                "that provides it, or remove it from imports."
+            ) from e
+    if settings.rollout.env_url is None and not is_multiagent(settings.rollout.env_id):
+        agentrl.spec(settings.rollout.env_id)  # an unknown env fails now, before the engine starts
+    # vLLM's log goes to RUN_DIR/train.log (VLLM_LOGGING_LEVEL=INFO shows it on the screen instead).
+    # An engine killed mid-run leaves shared memory that multiprocessing's resource tracker frees at
+    # exit, with a warning printed after the run's message: that warning is silenced.
+    quiet_tracker = "ignore::UserWarning:multiprocessing.resource_tracker"
+    if quiet_tracker not in os.environ.get("PYTHONWARNINGS", ""):
+        os.environ["PYTHONWARNINGS"] = ",".join(w for w in (os.environ.get("PYTHONWARNINGS"), quiet_tracker) if w)
+    # The engines' own output (Triton and torch notices, weight-loading bars) goes to the same log,
+    # and so do transformers' weight-loading bars: the screen shows the run's progress.
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    with contextlib.ExitStack() as stack:
+        run_log = stack.enter_context(vllm_logs_to(settings.run_dir))
+        if "VLLM_LOGGING_LEVEL" not in os.environ:  # set: the user asked for the engines' log on the screen
+            stack.enter_context(native_stderr_to(run_log))
+        progress = stack.enter_context(train_progress())
+        try:
+            result = train(settings, progress.hooks())  # no model, no server: CleanErrors
+        except USAGE_ERRORS:
+            raise
+        except Exception as e:  # a fault ended the run: one message, the traceback in the run's log
+            write_traceback(e, settings.run_dir)
+            arguments = [*([config] if config is not None else []), *(overrides or [])]
+            raise RunFailed(failure_message(e, settings.run_dir, resume_command(arguments, settings.resume))) from e
+    _print_train_summary(settings, result)
+
+
+_EVAL_ROWS = (
+    ("eval/success_rate", "success rate", "{:.1%}"),
+    ("eval/reward_mean", "mean reward", "{:.3f}"),
+    ("eval/episodes", "episodes", "{:.0f}"),
+    ("eval/failed", "failed", "{:.0f}"),
+    ("eval/reference_nll", "reference NLL per token", "{:.3f}"),
+)
+"""The held-out rows of ``agentrl train``'s summary: metric, label, format."""
+_OPTIONAL_EVAL_ROWS = ("eval/reference_nll",)
+"""Rows shown only by runs that log them (envs with reference answers)."""
+
+
+def _print_train_summary(config: Any, result: Any) -> None:
+    title = f"{config.rollout.env_id} · {config.rollout.model} · {config.trainer.algorithm} · {result.steps} steps"
+    if result.eval_before is None and result.eval_after is None:  # eval_episodes 0: nothing to compare
+        console.print(f"{escape(title)}\nheld-out evaluation: off (eval_episodes 0)")
+        _print_run_files(result)
+        return
+    table = Table(title=title, title_justify="left")
+    table.add_column("held-out (split test)")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    before, after = result.eval_before or {}, result.eval_after or {}
+    # A multi-policy run evaluates each policy under eval/<policy>/...: one block of rows per policy.
+    # getattr: a TrainResult without the field is a single-policy run's.
+    policies = getattr(result, "policies", None) or [None]
+    for index, policy in enumerate(policies):
+        if index:
+            table.add_section()
+        for name, label, fmt in _EVAL_ROWS:
+            metric = name if policy is None else policy_metric(name, policy)
+            if name in _OPTIONAL_EVAL_ROWS and metric not in before and metric not in after:
+                continue
+            table.add_row(
+                label if policy is None else f"{policy} {label}",
+                fmt.format(before[metric]) if metric in before else "-",
+                fmt.format(after[metric]) if metric in after else "-",
+            )
+    console.print(table)
+    _print_run_files(result)
+
+
+def _print_run_files(result: Any) -> None:
+    console.print(f"run dir: {escape(str(result.run_dir))}")
+    if result.model_dir is not None:
+        console.print(f"trained model: {escape(str(result.model_dir))}")
+    if result.plot is not None:
+        console.print(f"curves: {escape(str(result.plot))}")
+
+
+def plot_command(
+    run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run directory holding metrics.jsonl.")],
+    out: Annotated[
+        str | None, typer.Option(metavar="FILE", help="Where to write the picture (default RUN_DIR/curves.png).")
+    ] = None,
+) -> None:
+    """Draw a run's training curves from RUN_DIR/metrics.jsonl into one picture; print its path."""
+    from agentrl.plot import plot_run  # matplotlib takes a second to import; only this command needs it
+
+    path = plot_run(run_dir, out)  # no metrics.jsonl, an empty one, nothing to draw: ValueError, exit 2
+    console.print(escape(str(path)), soft_wrap=True)
