@@ -5,12 +5,12 @@ Every entry point builds through here: ``agentrl rollout`` / ``eval`` (:mod:`age
 script of your own (``examples/grpo_tool_arithmetic.py``)::
 
     policy = make_policy(config)                                     # the one backend table
-    engine = build_engine(config.env_id, policy, **engine_settings(config), env_kwargs={"split": "train"})
+    engine = build_engine(rollout_settings(config, env_kwargs={"split": "train"}), policy)
     trajectories = asyncio.run(engine.collect(num_groups=8))
 
-:func:`build_engine` takes plain values (:func:`engine_settings` turns an
-:class:`~agentrl.config.EngineConfig` into them), so callers that are not driven by a config (a
-Ray worker, a test, a notebook) build the same engine. For a single-agent env it makes a
+:func:`build_engine` takes one frozen value, :class:`~agentrl.rollout.RolloutSettings`
+(:func:`rollout_settings` makes it of an :class:`~agentrl.config.EngineConfig`), so callers that are
+not driven by a config (a Ray worker, a test, a notebook) build the same engine. For a single-agent env it makes a
 :class:`~agentrl.rollout.RolloutEngine`; for a multi-agent id a
 :class:`~agentrl.rollout.MultiAgentRolloutEngine`, each agent's chat agent rendering with the
 tokenizer of the policy it maps to.
@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from transformers import AutoTokenizer
@@ -28,12 +29,12 @@ from transformers import AutoTokenizer
 from agentrl.agents.chat import ChatAgent
 from agentrl.config import EngineConfig
 from agentrl.env import AgentEnv, as_agent_env
-from agentrl.mapping import MappingPreset, policy_mapping
+from agentrl.mapping import policy_mapping
 from agentrl.model_paths import DEFAULT_MODEL, resolve_model
 from agentrl.policies import Policy, Sampling
 from agentrl.policies import make_policy as make_backend
 from agentrl.registry import is_multiagent, make, make_multiagent, takes_kwarg
-from agentrl.rollout import EpisodeLimits, MultiAgentRolloutEngine, RolloutEngine, close_quietly
+from agentrl.rollout import EpisodeLimits, MultiAgentRolloutEngine, RolloutEngine, RolloutSettings, close_quietly
 from agentrl.server.remote import EnvClient, remote_env_factory
 from agentrl.server.remote_multiagent import remote_multiagent_factory
 from agentrl.trainers.models import ValueModel, load_policy_model, load_reference_model, pad_token_id
@@ -94,18 +95,21 @@ def limits_of(config: EngineConfig) -> EpisodeLimits:
     )
 
 
-def engine_settings(config: EngineConfig) -> dict[str, Any]:
-    """The plain keyword arguments of :func:`build_engine` that ``config`` sets."""
-    return {
-        "system_prompt": config.system_prompt,
-        "sampling": sampling_of(config),
-        "limits": limits_of(config),
-        "group_size": config.group_size,
-        "redundancy": config.redundancy,
-        "concurrency": config.concurrency,
-        "seed": config.seed,
-        "env_url": config.env_url,
-    }
+def rollout_settings(config: EngineConfig, **changes: Any) -> RolloutSettings:
+    """How ``config`` plays its episodes, with ``changes`` (fields of
+    :class:`~agentrl.rollout.RolloutSettings`: ``env_kwargs``, ``policy_id``, ``mapping``, ...)."""
+    settings = RolloutSettings(
+        env_id=config.env_id,
+        env_kwargs=dict(config.env_kwargs),
+        system_prompt=config.system_prompt,
+        sampling=sampling_of(config),
+        limits=limits_of(config),
+        group_size=config.group_size,
+        redundancy=config.redundancy,
+        concurrency=config.concurrency,
+        seed=config.seed,
+    )
+    return replace(settings, **changes)
 
 
 def env_factory(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Callable[[], AgentEnv]:
@@ -128,41 +132,26 @@ def env_factory(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Cal
 
 
 def build_engine(
-    env_id: str,
-    policies: Policy | Mapping[str, Policy],
-    *,
-    mapping: MappingPreset | str | Callable[[str], str] = "all",
-    env_kwargs: Mapping[str, Any] | None = None,
-    system_prompt: str | None = None,
-    sampling: Sampling = Sampling(),
-    limits: EpisodeLimits = EpisodeLimits(),
-    group_size: int = 1,
-    redundancy: int = 0,
-    concurrency: int = 64,
-    seed: int = 0,
-    policy_id: str = "default",
-    env_url: str | None = None,
+    settings: RolloutSettings, policies: Policy | Mapping[str, Policy], *, env_url: str | None = None
 ) -> Engine:
-    """The rollout engine of ``env_id``: agents from the policies' tokenizers and the env's tools.
+    """The rollout engine of ``settings.env_id``: agents from the policies' tokenizers and the env's tools.
 
-    ``policies`` is one policy (serving ``policy_id``) or ``{policy_id: policy}``. A multi-agent env
-    maps its agents to policy ids with ``mapping``; a single-agent env is played by ``policy_id``.
-    One env is made here to read its tools (and its agents). ``env_url``: the env runs on that env
-    server (``agentrl serve``), each episode a session of it (:class:`~agentrl.server.RemoteEnv`).
+    ``policies`` is one policy (serving ``settings.policy_id``) or ``{policy_id: policy}``. A
+    multi-agent env maps its agents to policy ids with ``settings.mapping``; a single-agent env is
+    played by ``settings.policy_id``. One env is made here to read its tools (and its agents).
+    ``env_url``: the env runs on that env server (``agentrl serve``), each episode a session of it
+    (:class:`~agentrl.server.RemoteEnv`).
     """
-    by_id = dict(policies) if isinstance(policies, Mapping) else {policy_id: policies}
-    schedule: dict[str, Any] = dict(
-        env_id=env_id, sampling=sampling, limits=limits, group_size=group_size, redundancy=redundancy,
-        concurrency=concurrency, seed=seed,
-    )  # fmt: skip
-    kwargs = dict(env_kwargs or {})
+    env_id, system_prompt = settings.env_id, settings.system_prompt
+    by_id = dict(policies) if isinstance(policies, Mapping) else {settings.policy_id: policies}
+    kwargs = dict(settings.env_kwargs)
     if multiagent_at(env_id, env_url):
         make_env: Callable[[], Any] = (
             functools.partial(make_multiagent, env_id, **kwargs)
             if env_url is None
             else remote_multiagent_factory(env_url, env_id, kwargs)
         )
-        agent_policy = policy_mapping(mapping)
+        agent_policy = policy_mapping(settings.mapping)
         probe = make_env()
         try:
             agents = {
@@ -176,15 +165,15 @@ def build_engine(
             }
         finally:
             probe.close()
-        return MultiAgentRolloutEngine(make_env, agents, by_id, agent_policy, **schedule)
-    policy = _policy(by_id, policy_id, env_id)
+        return MultiAgentRolloutEngine(make_env, agents, by_id, settings)
+    policy = _policy(by_id, settings.policy_id, env_id)
     make_env = env_factory(env_id, kwargs) if env_url is None else remote_env_factory(env_url, env_id, kwargs)
     probe_env = make_env()
     try:
         agent = ChatAgent.from_env(policy.tokenizer, probe_env, system_prompt=system_prompt)
     finally:
         close_quietly(probe_env)
-    return RolloutEngine(make_env, agent, policy, policy_id=policy_id, **schedule)
+    return RolloutEngine(make_env, agent, policy, settings)
 
 
 def multiagent_at(env_id: str, env_url: str | None = None) -> bool:

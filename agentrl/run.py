@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.build import build_engine, engine_settings, make_policy, model_path, policy_options
+from agentrl.build import build_engine, make_policy, model_path, policy_options, rollout_settings
 from agentrl.config import RolloutConfig
 from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy
-from agentrl.rollout import RolloutStats
+from agentrl.rollout import RolloutSettings, RolloutStats
 from agentrl.types import Trajectory, write_jsonl
 
 OnEpisode = Callable[[list[Trajectory], RolloutStats], None]
@@ -52,9 +52,7 @@ def _rollout_here(
     own_policy = policy is None
     policy = policy or make_policy(config)
     try:
-        engine = build_engine(
-            config.env_id, policy, env_kwargs={**config.env_kwargs, "split": config.split}, **engine_settings(config)
-        )
+        engine = build_engine(_settings(config), policy, env_url=config.env_url)
         try:
             trajectories = asyncio.run(collect(engine, config.episodes // config.group_size, on_episode))
         finally:
@@ -92,7 +90,7 @@ def _rollout_on_ray(
         tokenizer = path or resolve_model(config.model)
         if actor is None:
             actor = start_policy_actor(config.backend, path, policy_options(config))
-        with cluster_rollout(actor, config, tokenizer, {**config.env_kwargs, "split": config.split}) as distributed:
+        with cluster_rollout(actor, tokenizer, _settings(config)) as distributed:
             trajectories = asyncio.run(collect(distributed, config.episodes // config.group_size, on_episode))
     finally:
         if own_actor and actor is not None:
@@ -100,6 +98,10 @@ def _rollout_on_ray(
         if own_ray:
             ray.shutdown()
     return trajectories, distributed.stats
+
+
+def _settings(config: RolloutConfig) -> RolloutSettings:
+    return rollout_settings(config, env_kwargs={**config.env_kwargs, "split": config.split})
 
 
 async def collect(engine: Any, num_groups: int, on_episode: OnEpisode | None = None) -> list[Trajectory]:

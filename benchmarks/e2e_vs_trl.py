@@ -109,7 +109,7 @@ from agentrl.env import AgentEnv
 from agentrl.metrics import eval_curve, read_metrics
 from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy
-from agentrl.rollout import group_env_seed
+from agentrl.rollout import RolloutSettings, group_env_seed
 from agentrl.testing import build_tiny_model, train_in_subprocess
 from agentrl.train.config import EVAL_SEED_OFFSET, TrainConfig
 from agentrl.types import Message, ToolCall
@@ -390,15 +390,17 @@ async def held_out(config: TrainConfig, policy: Policy) -> float:
     :meth:`agentrl.train.loop.Controller.evaluate` builds."""
     rollout = config.rollout
     engine = build_engine(
-        rollout.env_id,
+        RolloutSettings(
+            rollout.env_id,
+            env_kwargs={**rollout.env_kwargs, "split": "test"},
+            system_prompt=rollout.system_prompt,
+            sampling=replace(sampling_of(rollout, temperature=config.eval_temperature), seed=None),
+            limits=limits_of(rollout),
+            concurrency=rollout.concurrency,
+            seed=EVAL_SEED_OFFSET + rollout.seed,
+        ),
         policy,
-        env_kwargs={**rollout.env_kwargs, "split": "test"},
-        system_prompt=rollout.system_prompt,
-        sampling=replace(sampling_of(rollout, temperature=config.eval_temperature), seed=None),
-        limits=limits_of(rollout),
-        concurrency=rollout.concurrency,
         env_url=rollout.env_url,
-        seed=EVAL_SEED_OFFSET + rollout.seed,
     )
     try:
         async for _ in engine.stream(config.eval_episodes):

@@ -34,7 +34,7 @@ def rollout_side(
     from agentrl.agents import ChatAgent
     from agentrl.policies import Sampling
     from agentrl.policies.vllm import VLLMPolicy
-    from agentrl.rollout import EpisodeLimits, RolloutEngine
+    from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
 
     policy = VLLMPolicy(model, max_model_len=max_model_len, seed=0)
     try:
@@ -44,10 +44,12 @@ def rollout_side(
             lambda: agentrl.make(env_id),
             agent,
             policy,
-            env_id=env_id,
-            sampling=Sampling(max_tokens=max_tokens, seed=0),
-            limits=EpisodeLimits(max_turns=1, max_length=max_model_len),
-            concurrency=episodes,
+            RolloutSettings(
+                env_id=env_id,
+                sampling=Sampling(max_tokens=max_tokens, seed=0),
+                limits=EpisodeLimits(max_turns=1, max_length=max_model_len),
+                concurrency=episodes,
+            ),
         )
         # One warm-up episode so that neither side pays for first-call costs in its timing.
         asyncio.run(engine.collect(1))

@@ -55,7 +55,7 @@ def main() -> None:
     from agentrl.policies import Sampling
     from agentrl.policies.supervisor import EngineSupervisor
     from agentrl.policies.vllm import VLLMPolicy
-    from agentrl.rollout import EpisodeLimits, RolloutEngine
+    from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
 
     torch.set_num_threads(1)
     path = resolve_model(args.model)
@@ -84,10 +84,12 @@ def main() -> None:
         lambda: agentrl.make(env_id),
         agent,
         policy,
-        env_id=env_id,
-        sampling=Sampling(max_tokens=args.max_tokens, seed=0),
-        limits=EpisodeLimits(max_turns=1, max_length=2048),
-        concurrency=args.episodes,
+        RolloutSettings(
+            env_id=env_id,
+            sampling=Sampling(max_tokens=args.max_tokens, seed=0),
+            limits=EpisodeLimits(max_turns=1, max_length=2048),
+            concurrency=args.episodes,
+        ),
     )
 
     async def play_and_kill() -> tuple[list, float, float]:

@@ -106,6 +106,7 @@ def evaluate(model: str, prompts: int, samples: int) -> dict[str, Any]:
     from agentrl.config import EngineConfig, load_config
     from agentrl.model_paths import resolve_model
     from agentrl.policies.base import Sampling
+    from agentrl.rollout import RolloutSettings
     from agentrl.rollout.scheduler import group_env_seed
     from agentrl.train import EVAL_SEED_OFFSET, TrainConfig
     from agentrl.trainers.models import load_reference_model, pad_token_id, score_references
@@ -116,12 +117,14 @@ def evaluate(model: str, prompts: int, samples: int) -> dict[str, Any]:
     try:
         engines = {
             reward: build_engine(
-                ENV_ID,
+                RolloutSettings(
+                    ENV_ID,
+                    env_kwargs={"split": "test", "reward": reward},
+                    sampling=Sampling(max_tokens=rollout.max_tokens, temperature=1.0, seed=seed),
+                    group_size=group_size,
+                    seed=seed,
+                ),
                 policy,
-                env_kwargs={"split": "test", "reward": reward},
-                sampling=Sampling(max_tokens=rollout.max_tokens, temperature=1.0, seed=seed),
-                group_size=group_size,
-                seed=seed,
             )
             for reward, group_size in (("likelihood", samples), ("soft_match", 1))
         }

@@ -136,16 +136,12 @@ def planned_tokens(batch: Any, micro_batch_size: int) -> int:
 
 def play_batch(config: Any) -> tuple[list[Any], Any]:
     """``config.groups_per_step`` groups of the train split, played on vLLM as the quickstart plays them."""
-    from agentrl.build import build_engine, engine_settings, make_policy
+    from agentrl.build import build_engine, make_policy, rollout_settings
 
     policy = make_policy(config.rollout)
     try:
-        engine = build_engine(
-            config.rollout.env_id,
-            policy,
-            env_kwargs={**config.rollout.env_kwargs, "split": "train"},
-            **engine_settings(config.rollout),
-        )
+        settings = rollout_settings(config.rollout, env_kwargs={**config.rollout.env_kwargs, "split": "train"})
+        engine = build_engine(settings, policy)
         trajectories = asyncio.run(engine.collect(config.groups_per_step))
         engine.close()
     finally:

@@ -75,7 +75,7 @@ from agentrl.agents.chat import ChatAgent
 from agentrl.agents.trajectory import TrajectoryBuilder
 from agentrl.env import AgentEnv, Feedback, ResetResult, StepResult
 from agentrl.policies import Generation, Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
 from agentrl.testing import build_tiny_tokenizer
 from agentrl.types import Message, Trajectory
 
@@ -286,10 +286,7 @@ async def async_engine(
         lambda: LongTailEnv(tables, w.time_scale),
         agent,
         engine,
-        env_id="bench/LongTail",
-        sampling=sampling,
-        limits=limits,
-        concurrency=w.concurrency,
+        RolloutSettings(env_id="bench/LongTail", sampling=sampling, limits=limits, concurrency=w.concurrency),
     )
     try:
         return await rollout.collect(num_groups=w.episodes)  # group g plays task g (seed 0)

@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 from agentrl.agents.chat import ChatAgent
 from agentrl.env import AgentEnv, Feedback, ResetResult, StepResult
 from agentrl.policies import Generation, Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
 from agentrl.testing import build_tiny_tokenizer
 from agentrl.tools import tool
 from agentrl.types import Message, Trajectory
@@ -139,7 +139,9 @@ def run_engine(
     limits: EpisodeLimits,
 ) -> Timing:
     """Play ``episodes`` episodes through the RolloutEngine."""
-    engine = RolloutEngine(make_env, agent, policy, env_id="bench/Instant", limits=limits, concurrency=concurrency)
+    engine = RolloutEngine(
+        make_env, agent, policy, RolloutSettings(env_id="bench/Instant", limits=limits, concurrency=concurrency)
+    )
     timing = timed(lambda: sum(t.turns for t in check(asyncio.run(engine.collect(num_groups=episodes)))))
     engine.close()
     if timing.turns != episodes * turns:

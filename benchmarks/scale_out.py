@@ -71,11 +71,9 @@ def _engines(n: int, config: Any, model: str, needs: dict[str, float]) -> tuple[
 
 def rollout(config: Any, router: Any, groups: int) -> tuple[dict[str, float], list[Any]]:
     """``groups`` groups of the train split played through ``router``; the figures and the trajectories."""
-    from agentrl.build import build_engine, engine_settings
+    from agentrl.build import build_engine, rollout_settings
 
-    engine = build_engine(
-        config.rollout.env_id, router, env_kwargs={"split": "train"}, **engine_settings(config.rollout)
-    )
+    engine = build_engine(rollout_settings(config.rollout, env_kwargs={"split": "train"}), router)
     asyncio.run(engine.collect(1))  # first-call costs out of the timing
     started = time.perf_counter()
     trajectories = asyncio.run(engine.collect(groups))

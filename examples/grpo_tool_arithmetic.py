@@ -8,7 +8,7 @@
 The job of `agentrl train examples/quickstart.yaml`, with the same numbers, written out top to
 bottom: env -> agent -> policy -> rollout engine -> buffer -> trainer, then evaluate held-out
 success, train, and evaluate again. Every piece is a public part of agentrl; `agentrl.build`
-(build_engine, engine_settings) builds the same chain from a config and `agentrl.train.train` runs
+(build_engine, rollout_settings) builds the same chain from a config and `agentrl.train.train` runs
 the same loop.
 
 This loop is synchronous and on-policy: each batch is played with the weights of the previous
@@ -29,7 +29,7 @@ import agentrl
 from agentrl.agents import ChatAgent
 from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy, Sampling, make_policy
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutStats, TrajectoryBuffer
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings, RolloutStats, TrajectoryBuffer
 from agentrl.trainers import Trainer, TrainerConfig, load_policy_model, pad_token_id
 
 # The quickstart's numbers (examples/quickstart.yaml).
@@ -67,11 +67,13 @@ async def evaluate(policy: Policy, agent: ChatAgent, episodes: int, seed: int) -
         lambda: agentrl.make(ENV_ID, split="test"),
         agent,
         policy,
-        env_id=ENV_ID,
-        sampling=Sampling(max_tokens=MAX_TOKENS, temperature=TEMPERATURE),
-        limits=EpisodeLimits(max_turns=MAX_TURNS, max_length=MAX_LENGTH),
-        concurrency=CONCURRENCY,
-        seed=EVAL_SEED_OFFSET + seed,
+        RolloutSettings(
+            env_id=ENV_ID,
+            sampling=Sampling(max_tokens=MAX_TOKENS, temperature=TEMPERATURE),
+            limits=EpisodeLimits(max_turns=MAX_TURNS, max_length=MAX_LENGTH),
+            concurrency=CONCURRENCY,
+            seed=EVAL_SEED_OFFSET + seed,
+        ),
     )
     try:
         await engine.collect(num_groups=episodes)
@@ -102,12 +104,14 @@ async def main(args: argparse.Namespace) -> None:
         lambda: agentrl.make(ENV_ID, split="train"),
         agent,
         policy,
-        env_id=ENV_ID,
-        sampling=Sampling(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, seed=args.seed),
-        limits=EpisodeLimits(max_turns=MAX_TURNS, max_length=MAX_LENGTH),
-        group_size=args.group_size,
-        concurrency=CONCURRENCY,
-        seed=args.seed,
+        RolloutSettings(
+            env_id=ENV_ID,
+            sampling=Sampling(max_tokens=MAX_TOKENS, temperature=TEMPERATURE, seed=args.seed),
+            limits=EpisodeLimits(max_turns=MAX_TURNS, max_length=MAX_LENGTH),
+            group_size=args.group_size,
+            concurrency=CONCURRENCY,
+            seed=args.seed,
+        ),
     )
 
     # 4. The buffer: finished trajectories wait there until their whole group is in.

@@ -17,10 +17,12 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import ray
+from ray._raylet import AuthenticationTokenLoader
 
 # Ray turns 127.0.0.1 into the machine's network address (so that other hosts could join); any
 # other loopback address is kept, which keeps the whole cluster on the loopback interface.
@@ -74,10 +76,14 @@ def two_node_cluster(object_store_bytes: int, cpus: int = 2) -> Iterator[tuple[s
     """A head node and a second node (with resource ``node_b``), ``cpus`` logical CPUs each, on
     loopback, this process connected as driver; yields the address and the node ids by ``head`` / ``b``."""
     ray.shutdown()
-    # Both nodes and this driver authenticate with the token in ~/.ray (made by the head if absent).
-    # A driver reads the mode once per process, so its config is reloaded as Ray itself does.
-    saved_mode = os.environ.get("RAY_AUTH_MODE")
+    # Both nodes and this driver authenticate with one token of this cluster, given to each in its
+    # environment: `ray start --head` does not make one (on a fresh machine ~/.ray has none), and
+    # the tests write nothing to the home directory. A driver reads the mode once per process, so
+    # its config is reloaded as Ray itself does.
+    saved = {name: os.environ.get(name) for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = uuid.uuid4().hex
+    AuthenticationTokenLoader.instance().reset_cache()
     ray._raylet.Config.initialize("")
     env = {**os.environ}
     temp_dir = Path(tempfile.mkdtemp(prefix="ray2n-", dir="/tmp"))  # short: Ray's socket paths must fit
@@ -109,8 +115,10 @@ def two_node_cluster(object_store_bytes: int, cpus: int = 2) -> Iterator[tuple[s
         ray.shutdown()
         stop_nodes(processes)
         shutil.rmtree(temp_dir, ignore_errors=True)
-        if saved_mode is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = saved_mode
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        AuthenticationTokenLoader.instance().reset_cache()
         ray._raylet.Config.initialize("")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import gymnasium as gym
@@ -10,11 +11,11 @@ import pytest
 
 import agentrl
 from agentrl import Message, MessagesSpace, ReplySpace
-from agentrl.build import build_engine, engine_settings, make_policy, model_path, policy_options, sampling_of
+from agentrl.build import build_engine, make_policy, model_path, policy_options, rollout_settings, sampling_of
 from agentrl.config import EngineConfig, RolloutConfig
 from agentrl.policies import BACKENDS
 from agentrl.policies import make_policy as make_backend
-from agentrl.rollout import MultiAgentRolloutEngine, RolloutEngine
+from agentrl.rollout import MultiAgentRolloutEngine, RolloutEngine, RolloutSettings
 from agentrl.run import rollout
 from agentrl.testing import ScriptedPolicy
 
@@ -64,8 +65,14 @@ def test_a_config_gives_its_backend_the_options_it_names(tiny_model_dir):
     assert policy_options(served) == {"base_url": "http://127.0.0.1:1/v1", "model": "m"}
     assert model_path(served) is None  # the default model behind a server: its tokenizer comes from the server
     assert model_path(config) == str(tiny_model_dir)
-    settings = engine_settings(config)
-    assert settings["sampling"] == sampling_of(config) and settings["limits"].max_length == 512
+    settings = rollout_settings(config, env_kwargs={"split": "test"}, policy_id="solver")
+    assert settings.sampling == sampling_of(config) and settings.limits.max_length == 512 and settings.seed == 3
+    assert settings.env_id == config.env_id and settings.env_kwargs == {"split": "test"}
+    assert settings.policy_id == "solver" and settings.episodes_per_group == config.group_size + config.redundancy
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.seed = 4  # type: ignore[misc]
+    with pytest.raises(ValueError, match="need group_size >= 1"):
+        rollout_settings(config, group_size=0)
 
 
 def test_a_missing_model_directory_is_a_clear_error(tmp_path):
@@ -75,7 +82,9 @@ def test_a_missing_model_directory_is_a_clear_error(tmp_path):
 
 def test_one_builder_plays_a_single_agent_env(tiny_tokenizer):
     policy = ScriptedPolicy(tiny_tokenizer, '{"name": "calculate", "arguments": {"expression": "1+2"}}')
-    engine = build_engine("agentrl/Calculator-v0", policy, env_kwargs={"split": "test"}, group_size=2, seed=5)
+    engine = build_engine(
+        RolloutSettings("agentrl/Calculator-v0", env_kwargs={"split": "test"}, group_size=2, seed=5), policy
+    )
     assert isinstance(engine, RolloutEngine) and engine.agent.tokenizer is policy.tokenizer
     assert "calculate" in engine.agent.tokenizer.decode(engine.agent.prompt_ids([Message("user", "hi")]))
     trajectories = asyncio.run(engine.collect(num_groups=2))
@@ -85,7 +94,7 @@ def test_one_builder_plays_a_single_agent_env(tiny_tokenizer):
 
 def test_one_builder_plays_a_plain_gymnasium_env(tiny_tokenizer):
     assert PLAIN_ID in agentrl.registered_ids()  # listed: it declares message spaces
-    engine = build_engine(PLAIN_ID, ScriptedPolicy(tiny_tokenizer, "echo"))
+    engine = build_engine(RolloutSettings(PLAIN_ID), ScriptedPolicy(tiny_tokenizer, "echo"))
     trajectories = asyncio.run(engine.collect(num_groups=3))
     assert [t.reward for t in trajectories] == [1.0, 1.0, 1.0] and all(t.info["success"] for t in trajectories)
 
@@ -93,7 +102,10 @@ def test_one_builder_plays_a_plain_gymnasium_env(tiny_tokenizer):
 def test_one_builder_plays_a_multi_agent_env_with_a_policy_per_agent(tiny_tokenizer):
     policies = {agent: ScriptedPolicy(tiny_tokenizer, "I accept.") for agent in ("trader_0", "trader_1")}
     engine = build_engine(
-        "agentrl/Negotiation-v0", policies, mapping="individual", limits=agentrl.rollout.EpisodeLimits(max_turns=2)
+        RolloutSettings(
+            "agentrl/Negotiation-v0", mapping="individual", limits=agentrl.rollout.EpisodeLimits(max_turns=2)
+        ),
+        policies,
     )
     assert isinstance(engine, MultiAgentRolloutEngine) and engine.roster == {
         "trader_0": "trader_0",
@@ -106,9 +118,12 @@ def test_one_builder_plays_a_multi_agent_env_with_a_policy_per_agent(tiny_tokeni
 
 def test_a_policy_id_nobody_serves_is_named(tiny_tokenizer):
     with pytest.raises(ValueError, match="played by policy 'default', but the policies given are for \\['other'\\]"):
-        build_engine("agentrl/Calculator-v0", {"other": ScriptedPolicy(tiny_tokenizer, "x")})
+        build_engine(RolloutSettings("agentrl/Calculator-v0"), {"other": ScriptedPolicy(tiny_tokenizer, "x")})
     with pytest.raises(ValueError, match="policy 'trader_1'"):
-        build_engine("agentrl/Negotiation-v0", {"trader_0": ScriptedPolicy(tiny_tokenizer, "x")}, mapping="individual")
+        build_engine(
+            RolloutSettings("agentrl/Negotiation-v0", mapping="individual"),
+            {"trader_0": ScriptedPolicy(tiny_tokenizer, "x")},
+        )
 
 
 def test_rollout_runs_through_the_builder_and_writes_its_trajectories(tiny_model_dir, tiny_tokenizer, tmp_path):

@@ -27,6 +27,7 @@ from agentrl.policies import Generation, Sampling
 from agentrl.policies.base import EngineClosed
 from agentrl.policies.ray_actor import share_of_cores
 from agentrl.policies.router import RouterPolicy, episode_route
+from agentrl.rollout import RolloutSettings
 from agentrl.train import TrainConfig
 from agentrl.types import Message
 
@@ -405,7 +406,7 @@ def batch(tiny_model_dir):
 
     torch.set_num_threads(1)
     policy = HFPolicy(str(tiny_model_dir))
-    engine = build_engine(ENV_ID, policy, sampling=Sampling(max_tokens=8), group_size=4)
+    engine = build_engine(RolloutSettings(ENV_ID, sampling=Sampling(max_tokens=8), group_size=4), policy)
     played = asyncio.run(engine.collect(4))
     policy.close()
     assert all(t.error is None for t in played)

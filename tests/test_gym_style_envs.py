@@ -17,7 +17,7 @@ import agentrl
 from agentrl import AgentEnv, Message, MessagesSpace, ReplySpace
 from agentrl.agents import ChatAgent
 from agentrl.env import GymnasiumAdapter, as_agent_env
-from agentrl.rollout import EpisodeLimits, RolloutEngine
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
 from agentrl.testing import ScriptedPolicy
 from agentrl.tools import as_tool, call_tool
 
@@ -144,7 +144,7 @@ def test_both_styles_run_in_the_rollout_engine(make, registered, tiny_tokenizer)
 
     policy = ScriptedPolicy(tiny_tokenizer, spell_then_say)
     engine = RolloutEngine(
-        make_env, agent, policy, env_id="tests/Word", group_size=2, limits=EpisodeLimits(max_turns=4)
+        make_env, agent, policy, RolloutSettings(env_id="tests/Word", group_size=2, limits=EpisodeLimits(max_turns=4))
     )
     trajectories = asyncio.run(engine.collect(num_groups=3))
     engine.close()

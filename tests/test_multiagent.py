@@ -28,7 +28,7 @@ from agentrl.multiagent import (
 )
 from agentrl.policies import Sampling
 from agentrl.registry import UnknownEnvError
-from agentrl.rollout import EpisodeLimits, TrajectoryBuffer
+from agentrl.rollout import EpisodeLimits, RolloutSettings, TrajectoryBuffer
 from agentrl.testing import ScriptedPolicy
 
 NEGOTIATION = "agentrl/Negotiation-v0"
@@ -288,9 +288,7 @@ def test_engine_groups_agents_and_runs_episodes_concurrently(tiny_tokenizer):
         lambda: make_multiagent(NEGOTIATION),
         ChatAgent(tiny_tokenizer),
         {"default": policy},
-        env_id="tests/Neg",
-        group_size=2,
-        concurrency=4,
+        RolloutSettings(env_id="tests/Neg", group_size=2, concurrency=4),
     )
     trajectories = asyncio.run(engine.collect(num_groups=2, buffer=buffer))
     assert len(trajectories) == 8 and policy.max_in_flight == 8  # 4 episodes x 2 agents at once
@@ -306,7 +304,10 @@ def test_engine_groups_agents_and_runs_episodes_concurrently(tiny_tokenizer):
 def test_engine_streams_whole_episodes_of_the_groups_it_is_given(tiny_tokenizer):
     policies = {a: ScriptedPolicy(tiny_tokenizer, GIVE) for a in ("trader_0", "trader_1")}
     engine = MultiAgentRolloutEngine(
-        lambda: make_multiagent(NEGOTIATION), ChatAgent(tiny_tokenizer), policies, "individual", env_id="tests/Neg"
+        lambda: make_multiagent(NEGOTIATION),
+        ChatAgent(tiny_tokenizer),
+        policies,
+        RolloutSettings(mapping="individual", env_id="tests/Neg"),
     )
     assert engine.roster == {"trader_0": "trader_0", "trader_1": "trader_1"}
 
@@ -328,7 +329,7 @@ def test_engine_raises_setup_errors_instead_of_counting_them(tiny_tokenizer):
     agents = {a: ChatAgent(tiny_tokenizer) for a in ("trader_0", "trader_1")}
     policy = {"default": ScriptedPolicy(tiny_tokenizer, GIVE)}
     with pytest.raises(ValueError, match="maps to policy 'trader_0'"):
-        MultiAgentRolloutEngine(NegotiationEnv, agents, policy, "individual")
+        MultiAgentRolloutEngine(NegotiationEnv, agents, policy, RolloutSettings(mapping="individual"))
 
     class WithJudge(NegotiationEnv):
         def __init__(self):
@@ -336,7 +337,7 @@ def test_engine_raises_setup_errors_instead_of_counting_them(tiny_tokenizer):
             self.possible_agents = [*self.possible_agents, "judge_0"]
 
     envs = iter([NegotiationEnv(), WithJudge()])  # the second episode at once needs a second env
-    engine = MultiAgentRolloutEngine(lambda: next(envs), agents, policy, group_size=2)
+    engine = MultiAgentRolloutEngine(lambda: next(envs), agents, policy, RolloutSettings(group_size=2))
     with pytest.raises(ValueError, match="No ChatAgent for agent 'judge_0'"):  # raised, not hung
         asyncio.run(engine.collect(num_groups=1))
 
@@ -347,9 +348,7 @@ def test_faults_end_only_their_episode_and_are_counted(tiny_tokenizer):
         FlakyNegotiation,
         ChatAgent(tiny_tokenizer),
         policies,
-        "individual",
-        concurrency=1,
-        limits=EpisodeLimits(turn_timeout=0.5),
+        RolloutSettings(mapping="individual", concurrency=1, limits=EpisodeLimits(turn_timeout=0.5)),
     )
     started = time.perf_counter()
     trajectories = asyncio.run(engine.collect(num_groups=6))

@@ -27,7 +27,7 @@ from agentrl.agents import ChatAgent
 from agentrl.cli import app
 from agentrl.policies import Policy, Sampling
 from agentrl.policies.openai import OpenAIPolicy
-from agentrl.rollout import EpisodeLimits, RolloutEngine
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
 from agentrl.types import Message
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("openai")]  # one worker: its module server starts once
@@ -230,10 +230,12 @@ def test_rollout_engine_plays_calculator_with_exact_logprobs(policy, reference):
         lambda: agentrl.make(env_id),
         ChatAgent.from_env(policy.tokenizer, agentrl.make(env_id)),
         policy,
-        env_id=env_id,
-        sampling=Sampling(max_tokens=24, seed=1),
-        limits=EpisodeLimits(max_turns=3, max_length=1024),
-        group_size=2,
+        RolloutSettings(
+            env_id=env_id,
+            sampling=Sampling(max_tokens=24, seed=1),
+            limits=EpisodeLimits(max_turns=3, max_length=1024),
+            group_size=2,
+        ),
     )
     trajectories = asyncio.run(engine.collect(num_groups=1))
     assert len(trajectories) == 2 and all(t.error is None for t in trajectories), [t.error for t in trajectories]

@@ -10,7 +10,7 @@ import agentrl  # noqa: E402
 from agentrl.agents import ChatAgent  # noqa: E402
 from agentrl.policies import Policy, Sampling  # noqa: E402
 from agentrl.policies.hf import HFPolicy  # noqa: E402
-from agentrl.rollout import EpisodeLimits, RolloutEngine  # noqa: E402
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings  # noqa: E402
 from agentrl.testing import max_logprob_gap, reference_logprobs, reference_model  # noqa: E402
 from agentrl.types import Trajectory  # noqa: E402
 
@@ -55,10 +55,12 @@ def test_hf_rollout_logprobs_match_a_transformers_forward_pass(hf_policy, tiny_m
         lambda: agentrl.make(env_id),
         agent,
         hf_policy,
-        env_id=env_id,
-        sampling=Sampling(max_tokens=24, seed=0, temperature=temperature),
-        limits=EpisodeLimits(max_turns=3, max_length=1024),
-        group_size=2,
+        RolloutSettings(
+            env_id=env_id,
+            sampling=Sampling(max_tokens=24, seed=0, temperature=temperature),
+            limits=EpisodeLimits(max_turns=3, max_length=1024),
+            group_size=2,
+        ),
     )
     trajectories = asyncio.run(engine.collect(num_groups=2))
     assert len(trajectories) == 4 and all(t.error is None for t in trajectories)

@@ -29,6 +29,7 @@ from agentrl.policies.ray_actor import PolicyActor  # noqa: E402
 from agentrl.rollout import (  # noqa: E402
     EpisodeLimits,
     RolloutEngine,
+    RolloutSettings,
     TrajectoryBuffer,  # noqa: E402
 )
 from agentrl.rollout.ray import DistributedRollout, _runs, _split  # noqa: E402
@@ -45,7 +46,7 @@ def local_trajectories(tokenizer, num_groups, **engine_kwargs):
     """The same groups played by the local engine with the scripted policy, by group id."""
     agent = ChatAgent.from_env(tokenizer, agentrl.make(ENV_ID))
     policy = ScriptedPolicy(tokenizer, REPLY)
-    engine = RolloutEngine(lambda: agentrl.make(ENV_ID), agent, policy, env_id=ENV_ID, **engine_kwargs)
+    engine = RolloutEngine(lambda: agentrl.make(ENV_ID), agent, policy, RolloutSettings(ENV_ID, **engine_kwargs))
     by_group = defaultdict(list)
     for t in asyncio.run(engine.collect(num_groups)):
         by_group[t.group_id].append(t)
@@ -117,12 +118,9 @@ def scripted_rollout(local_cluster, tiny_model_dir):
     policy = PolicyActor.remote("scripted", str(tiny_model_dir), {"reply": REPLY, "delay": 0.3})
     controller = DistributedRollout(
         policy,
-        ENV_ID,
         tiny_model_dir,
+        RolloutSettings(ENV_ID, limits=EpisodeLimits(max_turns=2, max_length=1024), group_size=2, concurrency=2),
         num_workers=2,
-        limits=EpisodeLimits(max_turns=2, max_length=1024),
-        group_size=2,
-        concurrency=2,
     )
     yield controller
     controller.close()
@@ -137,12 +135,14 @@ class TestLocalCluster:
     ):
         with DistributedRollout(
             hf_policy,
-            ENV_ID,
             tiny_model_dir,
+            RolloutSettings(
+                ENV_ID,
+                sampling=Sampling(max_tokens=16, seed=0),
+                limits=EpisodeLimits(max_turns=2, max_length=1024),
+                group_size=2,
+            ),
             num_workers=2,
-            sampling=Sampling(max_tokens=16, seed=0),
-            limits=EpisodeLimits(max_turns=2, max_length=1024),
-            group_size=2,
         ) as controller:
             trajectories = asyncio.run(controller.collect(num_groups=4))
             workers = list(controller.workers)
@@ -182,14 +182,16 @@ class TestLocalCluster:
         try:
             with DistributedRollout(
                 traders,
-                NEGOTIATION,
                 tiny_model_dir,
+                RolloutSettings(
+                    NEGOTIATION,
+                    mapping="individual",
+                    sampling=Sampling(max_tokens=16, seed=0),
+                    limits=limits,
+                    group_size=2,
+                ),
                 num_workers=2,
                 num_cpus_per_worker=0.25,
-                mapping="individual",
-                sampling=Sampling(max_tokens=16, seed=0),
-                limits=limits,
-                group_size=2,
             ) as controller:
                 trajectories = asyncio.run(controller.collect(num_groups=2))
                 workers = list(controller.workers)
@@ -216,10 +218,7 @@ class TestLocalCluster:
             lambda: make_multiagent(NEGOTIATION),
             ChatAgent(tiny_tokenizer),
             {pid: ScriptedPolicy(tiny_tokenizer, "Claim: 0 books") for pid in TRADERS},
-            "individual",
-            env_id=NEGOTIATION,
-            limits=limits,
-            group_size=2,
+            RolloutSettings(mapping="individual", env_id=NEGOTIATION, limits=limits, group_size=2),
         )
         expected = {t.group_id: t.token_ids[: t.prompt_length] for t in asyncio.run(local.collect(2))}
         assert all(t.token_ids[: t.prompt_length] == expected[t.group_id] for t in trajectories)
@@ -234,11 +233,10 @@ class TestLocalCluster:
             assert ray.get(policy.requests.remote(), timeout=120) == (0, 0, 0)
             with DistributedRollout(
                 policy,
-                ENV_ID,
                 tiny_model_dir,
+                RolloutSettings(ENV_ID, limits=EpisodeLimits(max_turns=1, max_length=1024, turn_timeout=3.0)),
                 num_workers=1,
                 num_cpus_per_worker=0.25,
-                limits=EpisodeLimits(max_turns=1, max_length=1024, turn_timeout=3.0),
             ) as controller:
                 started = time.monotonic()
                 (timed_out,) = asyncio.run(controller.collect(num_groups=1))
@@ -360,7 +358,10 @@ class TestTwoNodes:
         policy = PolicyActor.remote("scripted", str(tiny_model_dir), {"reply": REPLY})
         try:
             with DistributedRollout(
-                policy, ENV_ID, tiny_model_dir, nodes=[nodes["head"], nodes["b"]], group_size=2, concurrency=4
+                policy,
+                tiny_model_dir,
+                RolloutSettings(ENV_ID, group_size=2, concurrency=4),
+                nodes=[nodes["head"], nodes["b"]],
             ) as controller:
                 trajectories = asyncio.run(controller.collect(num_groups=6))
                 workers = list(controller.workers)

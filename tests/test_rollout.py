@@ -14,7 +14,7 @@ import agentrl
 from agentrl import AgentEnv, Feedback, Message
 from agentrl.agents import ChatAgent
 from agentrl.policies import Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine, TrajectoryBuffer, run_episode
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings, TrajectoryBuffer, run_episode
 from agentrl.testing import ScriptedPolicy
 
 
@@ -43,7 +43,7 @@ def solver(prompt: str) -> str:
 
 
 def engine_for(tokenizer, policy, make_env=Say, **kwargs):
-    return RolloutEngine(make_env, ChatAgent(tokenizer), policy, env_id="tests/Say", **kwargs)
+    return RolloutEngine(make_env, ChatAgent(tokenizer), policy, RolloutSettings("tests/Say", **kwargs))
 
 
 def test_a_solving_policy_gets_reward_and_exact_tokens(tiny_tokenizer):
@@ -151,8 +151,7 @@ def test_garbage_completions_never_crash_builtin_envs(tiny_tokenizer):
             lambda env_id=env_id: agentrl.make(env_id),
             ChatAgent(tiny_tokenizer, env_tools),
             policy,
-            env_id=env_id,
-            group_size=2,
+            RolloutSettings(env_id=env_id, group_size=2),
         )
         trajectories = asyncio.run(engine.collect(num_groups=4))
         assert len(trajectories) == 8 and all(t.error is None for t in trajectories), env_id

@@ -14,7 +14,7 @@ import agentrl
 from agentrl.agents import ChatAgent
 from agentrl.policies import EngineClosed, Policy, Sampling
 from agentrl.policies.vllm import VLLMPolicy
-from agentrl.rollout import EpisodeLimits, RolloutEngine
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
 from agentrl.testing import max_logprob_gap, reference_model
 from agentrl.types import Trajectory
 
@@ -32,10 +32,12 @@ def play(policy, env_id="agentrl/Calculator-v0", groups=2, group_size=2, max_tok
         lambda: agentrl.make(env_id),
         agent,
         policy,
-        env_id=env_id,
-        sampling=Sampling(max_tokens=max_tokens, seed=1, temperature=temperature),
-        limits=EpisodeLimits(max_turns=3, max_length=1024),
-        group_size=group_size,
+        RolloutSettings(
+            env_id=env_id,
+            sampling=Sampling(max_tokens=max_tokens, seed=1, temperature=temperature),
+            limits=EpisodeLimits(max_turns=3, max_length=1024),
+            group_size=group_size,
+        ),
     )
     return asyncio.run(engine.collect(num_groups=groups))
 

@@ -5,6 +5,8 @@ The stages, one module each:
 - :mod:`.episode`: one single-agent episode (:func:`run_episode`, its limits and clock) and the
   :class:`RolloutEngine` that plays many at once;
 - :mod:`.multiagent`: one multi-agent episode and :class:`MultiAgentRolloutEngine`;
+- :mod:`.settings`: how episodes are played, one frozen value for every rollout
+  (:class:`RolloutSettings`, with :class:`EpisodeLimits`);
 - :mod:`.scheduler`: groups of episodes (:class:`GroupScheduler`, which takes a play function),
   their ids and seeds;
 - :mod:`.stats`: the success and failure-cause rules and :class:`RolloutStats`;
@@ -16,7 +18,6 @@ The stages, one module each:
 from agentrl.rollout.buffer import BufferStats, TrajectoryBuffer
 from agentrl.rollout.episode import (
     EpisodeClock,
-    EpisodeLimits,
     EpisodeTimeout,
     RolloutEngine,
     fit_to_room,
@@ -35,6 +36,7 @@ from agentrl.rollout.scheduler import (
     group_name,
     sample_sampling,
 )
+from agentrl.rollout.settings import EpisodeLimits, RolloutSettings
 from agentrl.rollout.staleness import StalenessWindow
 from agentrl.rollout.stats import RolloutStats, add_episode, failure_cause, is_success
 
@@ -48,6 +50,7 @@ __all__ = [
     "GroupScheduler",
     "MultiAgentRolloutEngine",
     "RolloutEngine",
+    "RolloutSettings",
     "RolloutStats",
     "StalenessWindow",
     "TrajectoryBuffer",

@@ -31,21 +31,8 @@ from agentrl.env import AgentEnv, as_agent_env
 from agentrl.faults import RunFailed
 from agentrl.policies.base import Policy, Sampling
 from agentrl.rollout.scheduler import EpisodeTask, GroupScheduler, sample_sampling
+from agentrl.rollout.settings import EpisodeLimits, RolloutSettings
 from agentrl.types import Trajectory
-
-
-@dataclass(frozen=True)
-class EpisodeLimits:
-    """When an episode is cut short."""
-
-    max_turns: int = 8
-    """Most policy turns per episode; reaching it marks the episode truncated."""
-    max_length: int | None = 4096
-    """Most tokens in the whole sequence (prompt, turns and observations); ``None`` for no limit."""
-    turn_timeout: float | None = 120.0
-    """Seconds one generation or one env call may take before the episode fails."""
-    episode_timeout: float | None = 600.0
-    """Seconds a whole episode may take before it fails."""
 
 
 class EpisodeTimeout(TimeoutError):
@@ -257,9 +244,10 @@ class RolloutEngine(GroupScheduler[AgentEnv]):
     """Runs groups of episodes of a single-agent env concurrently against one policy.
 
     A :class:`~agentrl.rollout.scheduler.GroupScheduler` whose play function is :func:`run_episode`
-    with the group's env seed and the sample's own sampler seed (:func:`sample_sampling`); the
-    scheduling (groups, ``redundancy``, ``concurrency``, :meth:`stream` and its arguments) and the
-    counting (:attr:`stats`) are the scheduler's.
+    with the group's env seed and the sample's own sampler seed (:func:`sample_sampling`), and the
+    sampling, limits and policy id of ``settings``; the scheduling (groups, ``redundancy``,
+    ``concurrency``, :meth:`stream` and its arguments) and the counting (:attr:`stats`) are the
+    scheduler's.
 
     ``make_env`` may also make plain gymnasium envs that speak messages: each is adapted with
     :func:`~agentrl.env.as_agent_env`.
@@ -273,32 +261,13 @@ class RolloutEngine(GroupScheduler[AgentEnv]):
         make_env: Callable[[], Any],
         agent: ChatAgent,
         policy: Policy,
-        *,
-        env_id: str = "",
-        sampling: Sampling = Sampling(),
-        limits: EpisodeLimits = EpisodeLimits(),
-        group_size: int = 1,
-        redundancy: int = 0,
-        concurrency: int = 64,
-        seed: int = 0,
-        policy_id: str = "default",
+        settings: RolloutSettings = RolloutSettings(),
     ):
         self.agent = agent
         self.policy = policy
-        self.sampling = sampling
-        self.limits = limits
-        self.policy_id = policy_id
-        self.roster = {"agent": policy_id}
+        self.roster = {"agent": settings.policy_id}
         """``{agent_id: policy_id}`` of the one agent, as a multi-agent engine's roster."""
-        super().__init__(
-            lambda: as_agent_env(make_env()),
-            self.play_episode,
-            env_id=env_id,
-            group_size=group_size,
-            redundancy=redundancy,
-            concurrency=concurrency,
-            seed=seed,
-        )
+        super().__init__(lambda: as_agent_env(make_env()), self.play_episode, settings)
 
     async def play_episode(self, env: AgentEnv, task: EpisodeTask) -> list[Trajectory]:
         """The play function: one :func:`run_episode`."""
@@ -306,11 +275,11 @@ class RolloutEngine(GroupScheduler[AgentEnv]):
             env,
             self.agent,
             self.policy,
-            sample_sampling(self.sampling, task.env_seed, task.sample),
-            self.limits,
+            sample_sampling(self.settings.sampling, task.env_seed, task.sample),
+            self.settings.limits,
             seed=task.env_seed,
-            env_id=self.env_id,
+            env_id=self.settings.env_id,
             group_id=task.group_id,
-            policy_id=self.policy_id,
+            policy_id=self.settings.policy_id,
         )
         return [trajectory]

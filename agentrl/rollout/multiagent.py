@@ -36,6 +36,7 @@ from agentrl.rollout.episode import (
     turn_sampling_of,
 )
 from agentrl.rollout.scheduler import EpisodeTask, GroupScheduler, sample_sampling
+from agentrl.rollout.settings import RolloutSettings
 from agentrl.threads import ENV_THREADS
 from agentrl.types import Message, Trajectory
 
@@ -334,7 +335,7 @@ class MultiAgentRolloutEngine(GroupScheduler[MultiAgentEnv]):
     """Runs groups of multi-agent episodes concurrently, like :class:`~agentrl.rollout.RolloutEngine`.
 
     A :class:`~agentrl.rollout.scheduler.GroupScheduler` whose play function is
-    :func:`run_multiagent_episode`: each group plays ``group_size`` (+ ``redundancy``) episodes of
+    :func:`run_multiagent_episode` with ``settings``' mapping, sampling and limits: each group plays ``group_size`` (+ ``redundancy``) episodes of
     the same task (the same env seed), at most ``concurrency`` at once, and :meth:`stream` /
     :meth:`stream_episodes` take the same arguments. Each agent's trajectories of a group share
     ``group_id`` ``"<env_id>#<seed>-<group>/<agent_id>"``, so a
@@ -345,7 +346,7 @@ class MultiAgentRolloutEngine(GroupScheduler[MultiAgentEnv]):
 
     >>> engine = MultiAgentRolloutEngine(  # doctest: +SKIP
     ...     lambda: make_multiagent("agentrl/Negotiation-v0"), ChatAgent(tokenizer),
-    ...     {"trader_0": policy_a, "trader_1": policy_b}, mapping="individual", group_size=4)
+    ...     {"trader_0": policy_a, "trader_1": policy_b}, RolloutSettings(mapping="individual", group_size=4))
     >>> trajectories = asyncio.run(engine.collect(num_groups=8))  # doctest: +SKIP
     """
 
@@ -354,28 +355,11 @@ class MultiAgentRolloutEngine(GroupScheduler[MultiAgentEnv]):
         make_env: Callable[[], MultiAgentEnv],
         agents: ChatAgent | Mapping[str, ChatAgent],
         policies: Mapping[str, Policy],
-        mapping: MappingPreset | str | Callable[[str], str] = "all",
-        *,
-        env_id: str = "",
-        sampling: Sampling = Sampling(),
-        limits: EpisodeLimits = EpisodeLimits(),
-        group_size: int = 1,
-        redundancy: int = 0,
-        concurrency: int = 64,
-        seed: int = 0,
+        settings: RolloutSettings = RolloutSettings(),
     ):
-        super().__init__(
-            make_env,
-            self.play_episode,
-            env_id=env_id,
-            group_size=group_size,
-            redundancy=redundancy,
-            concurrency=concurrency,
-            seed=seed,
-        )
+        super().__init__(make_env, self.play_episode, settings)
         self.agents, self.policies = agents, dict(policies)
-        self.mapping = policy_mapping(mapping)
-        self.sampling, self.limits = sampling, limits
+        self.mapping = policy_mapping(settings.mapping)
         env = make_env()
         self.roster = self._roster(env)
         """``{agent_id: policy_id}`` for every possible agent of the env (checked at construction)."""
@@ -388,16 +372,19 @@ class MultiAgentRolloutEngine(GroupScheduler[MultiAgentEnv]):
             self.agents,
             self.policies,
             self.mapping,
-            sample_sampling(self.sampling, task.env_seed, task.sample),
-            self.limits,
+            sample_sampling(self.settings.sampling, task.env_seed, task.sample),
+            self.settings.limits,
             seed=task.env_seed,
-            env_id=self.env_id,
+            env_id=self.settings.env_id,
             group_id=task.group_id,
         )
         return list(trajectories.values())
 
     def _roster(self, env: MultiAgentEnv) -> dict[str, str]:
-        check = _Episode(self.agents, self.policies, self.mapping, self.sampling, self.limits, self.env_id, "")
+        settings = self.settings
+        check = _Episode(
+            self.agents, self.policies, self.mapping, settings.sampling, settings.limits, settings.env_id, ""
+        )
         for agent_id in getattr(env, "possible_agents", None) or []:
             check.builder(agent_id)
         return dict(check.policy_ids)

@@ -47,8 +47,8 @@ A worker does not share a filesystem with the controller unless the cluster does
 a path or hub id that must load on every node that runs a worker.
 
 >>> policy = PolicyActor.remote("hf", "path/to/checkpoint")  # doctest: +SKIP
->>> result = distributed_rollout(policy, "agentrl/Calculator-v0", "path/to/checkpoint", num_groups=8,
-...                              num_workers=2, group_size=4)  # doctest: +SKIP
+>>> settings = RolloutSettings("agentrl/Calculator-v0", group_size=4)
+>>> result = distributed_rollout(policy, "path/to/checkpoint", settings, num_groups=8, num_workers=2)  # doctest: +SKIP
 >>> result.stats.summary()["rollout/episodes"]  # doctest: +SKIP
 32
 """
@@ -61,7 +61,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -73,15 +73,13 @@ from ray.actor import ActorHandle
 from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from agentrl.build import Engine, build_engine, engine_settings, load_tokenizer
-from agentrl.config import EngineConfig
-from agentrl.mapping import MappingPreset, policy_mapping
-from agentrl.policies import Sampling
+from agentrl.build import Engine, build_engine, load_tokenizer
+from agentrl.mapping import policy_mapping
 from agentrl.policies.ray_actor import RemotePolicy, WorkerLocation, current_location
 from agentrl.registry import is_multiagent
 from agentrl.rollout.buffer import TrajectoryBuffer
-from agentrl.rollout.episode import EpisodeLimits
 from agentrl.rollout.scheduler import GroupFeed, flatten, group_name, group_numbers
+from agentrl.rollout.settings import RolloutSettings
 from agentrl.rollout.stats import RolloutStats, add_episode
 from agentrl.types import Trajectory
 
@@ -94,7 +92,7 @@ _DEATHS = (RayActorError, ObjectLostError)
 
 
 Policies = ActorHandle | str | Mapping[str, ActorHandle | str]
-"""One :class:`~agentrl.policies.ray_actor.PolicyActor` (serving policy id ``policy_id``), or one per
+"""One :class:`~agentrl.policies.ray_actor.PolicyActor` (serving ``settings.policy_id``), or one per
 policy id; each a handle or the name of a named actor (followed to its replacement, see
 :class:`~agentrl.policies.ray_actor.RemotePolicy`)."""
 Tokenizers = str | Path | Mapping[str, str | Path]
@@ -105,49 +103,21 @@ Tokenizers = str | Path | Mapping[str, str | Path]
 class EnvWorker:
     """A rollout engine in a Ray actor, playing the groups it is given.
 
-    The engine is :func:`agentrl.build.build_engine`'s, built here from plain values: each policy
-    as a :class:`~agentrl.policies.ray_actor.RemotePolicy` on its actor, with the tokenizer of its
+    The engine is :func:`agentrl.build.build_engine`'s, built here of ``settings``: each policy as a
+    :class:`~agentrl.policies.ray_actor.RemotePolicy` on its actor, with the tokenizer of its
     policy id (loaded here, once per path). A multi-agent env's agents go to the actor of the
-    policy id ``mapping`` gives them. ``imports`` are modules imported first (a user's package that
-    registers the env; it must be importable on the worker's node). The other arguments are the
-    builder's; ``concurrency`` bounds the episodes of one :meth:`run` call.
+    policy id ``settings.mapping`` gives them. ``imports`` are modules imported first (a user's
+    package that registers the env; it must be importable on the worker's node);
+    ``settings.concurrency`` bounds the episodes of one :meth:`run` call.
     """
 
-    def __init__(
-        self,
-        policy: Policies,
-        env_id: str,
-        tokenizer: Tokenizers,
-        *,
-        env_kwargs: Mapping[str, Any] | None = None,
-        system_prompt: str | None = None,
-        sampling: Sampling = Sampling(),
-        limits: EpisodeLimits = EpisodeLimits(),
-        group_size: int = 1,
-        redundancy: int = 0,
-        concurrency: int = 64,
-        seed: int = 0,
-        policy_id: str = "default",
-        mapping: MappingPreset | str | Callable[[str], str] = "all",
-        imports: Sequence[str] = (),
-    ):
+    def __init__(self, policy: Policies, tokenizer: Tokenizers, settings: RolloutSettings, imports: Sequence[str] = ()):
         for module in imports:  # modules that register the env (a run's ``imports:``)
             importlib.import_module(module)
-        actors = dict(policy) if isinstance(policy, Mapping) else {policy_id: policy}
+        actors = dict(policy) if isinstance(policy, Mapping) else {settings.policy_id: policy}
         tokenizers = _Tokenizers(tokenizer)
         self.engine: Engine = build_engine(
-            env_id,
-            {pid: RemotePolicy(actor, tokenizers.of(pid)) for pid, actor in actors.items()},
-            mapping=mapping,
-            env_kwargs=env_kwargs,
-            system_prompt=system_prompt,
-            sampling=sampling,
-            limits=limits,
-            group_size=group_size,
-            redundancy=redundancy,
-            concurrency=concurrency,
-            seed=seed,
-            policy_id=policy_id,
+            settings, {pid: RemotePolicy(actor, tokenizers.of(pid)) for pid, actor in actors.items()}
         )
         self._roster = dict(self.engine.roster)
 
@@ -240,12 +210,12 @@ class DistributedRollout:
     :meth:`close`. By default Ray spreads them over the nodes (``SPREAD``); ``nodes`` (node ids, see
     ``ray.nodes()``) pins worker ``i`` to ``nodes[i % len(nodes)]``. Each :meth:`stream` splits its
     groups into one contiguous range per worker and continues the group numbering of the previous
-    call, as :class:`~agentrl.rollout.RolloutEngine` does. The engine arguments (``sampling`` to
-    ``policy_id``) mean what they mean there; ``concurrency`` is per worker. See the module
+    call, as :class:`~agentrl.rollout.RolloutEngine` does. ``settings`` mean what they mean there
+    (each worker builds its engine of them); ``settings.concurrency`` is per worker. See the module
     docstring for what happens when a worker dies.
 
-    A multi-agent ``env_id`` plays as :class:`~agentrl.multiagent.MultiAgentRolloutEngine` does:
-    ``policy`` maps each policy id of ``mapping`` to its :class:`~agentrl.policies.ray_actor.PolicyActor`
+    A multi-agent env plays as :class:`~agentrl.multiagent.MultiAgentRolloutEngine` does:
+    ``policy`` maps each policy id of ``settings.mapping`` to its :class:`~agentrl.policies.ray_actor.PolicyActor`
     (and ``tokenizer`` may map policy ids to their tokenizers), and every episode yields one
     trajectory per agent.
     """
@@ -253,56 +223,27 @@ class DistributedRollout:
     def __init__(
         self,
         policy: Policies,
-        env_id: str,
         tokenizer: Tokenizers,
+        settings: RolloutSettings,
         *,
         num_workers: int = 2,
         nodes: Sequence[str] | None = None,
         num_cpus_per_worker: float = 1.0,
         max_replacements: int | None = None,
-        env_kwargs: Mapping[str, Any] | None = None,
-        system_prompt: str | None = None,
-        sampling: Sampling = Sampling(),
-        limits: EpisodeLimits = EpisodeLimits(),
-        group_size: int = 1,
-        redundancy: int = 0,
-        concurrency: int = 64,
-        seed: int = 0,
-        policy_id: str = "default",
-        mapping: MappingPreset | str | Callable[[str], str] = "all",
         imports: Sequence[str] = (),
     ):
-        if num_workers < 1 or group_size < 1 or redundancy < 0 or concurrency < 1:
-            raise ValueError(
-                f"need num_workers >= 1, group_size >= 1, redundancy >= 0 and concurrency >= 1; got "
-                f"{num_workers}, {group_size}, {redundancy} and {concurrency}."
-            )
+        if num_workers < 1:
+            raise ValueError(f"need num_workers >= 1, got {num_workers}.")
         if nodes is not None and not nodes:
             raise ValueError("nodes is empty; give at least one node id, or None to let Ray spread the workers.")
-        policy_mapping(mapping)  # an unknown preset fails here, not in every worker
+        policy_mapping(settings.mapping)  # an unknown preset fails here, not in every worker
         self.policy = policy
-        self.env_id = env_id
-        self.seed = seed
-        self.policy_id = policy_id
-        self.episodes_per_group = group_size + redundancy
+        self.settings = settings
         self.nodes = list(nodes) if nodes is not None else None
         self.num_cpus_per_worker = num_cpus_per_worker
         self.max_replacements = num_workers if max_replacements is None else max_replacements
         tokenizers = {k: str(v) for k, v in tokenizer.items()} if isinstance(tokenizer, Mapping) else str(tokenizer)
-        self._worker_args = (policy, env_id, tokenizers)
-        self._worker_kwargs: dict[str, Any] = dict(
-            env_kwargs=dict(env_kwargs or {}),
-            system_prompt=system_prompt,
-            sampling=sampling,
-            limits=limits,
-            group_size=group_size,
-            redundancy=redundancy,
-            concurrency=concurrency,
-            seed=seed,
-            policy_id=policy_id,
-            mapping=mapping,
-            imports=list(imports),
-        )
+        self._worker_args = (policy, tokenizers, settings, list(imports))
         self.stats = RolloutStats()
         """Counts over every trajectory delivered so far (placeholders included), as the engine keeps."""
         self.policy_stats: dict[str, RolloutStats] = {}
@@ -316,7 +257,7 @@ class DistributedRollout:
         """Workers that died and were replaced."""
         self.roster: dict[str, str] = {}
         """``{agent_id: policy_id}`` of every episode's agents (``{"agent": policy_id}`` for one agent)."""
-        self.multiagent = is_multiagent(env_id)
+        self.multiagent = is_multiagent(settings.env_id)
         self._next_group = 0
         self._seconds = 0.0
         try:
@@ -337,7 +278,7 @@ class DistributedRollout:
 
     def group_id(self, group: int) -> str:
         """The id of group number ``group``, as a local engine names it."""
-        return group_name(self.env_id, self.seed, group)
+        return group_name(self.settings.env_id, self.settings.seed, group)
 
     async def stream_episodes(
         self,
@@ -357,8 +298,8 @@ class DistributedRollout:
             self._next_group += len(numbers)
         num_groups = len(numbers)
         self._replace_dead()
-        per_group = self.episodes_per_group
-        index = {group_name(self.env_id, self.seed, g): g for g in numbers}
+        per_group = self.settings.episodes_per_group
+        index = {group_name(self.settings.env_id, self.settings.seed, g): g for g in numbers}
         arrived: Counter[int] = Counter()
         feed = GroupFeed(buffer, per_group)
         events: asyncio.Queue[tuple[_Unit, Any]] = asyncio.Queue()
@@ -454,7 +395,7 @@ class DistributedRollout:
             strategy = NodeAffinitySchedulingStrategy(node, soft=replacing is not None)
         handle = EnvWorker.options(  # type: ignore[attr-defined]  # ray.remote's class decorator is untyped
             num_cpus=self.num_cpus_per_worker, scheduling_strategy=strategy
-        ).remote(*self._worker_args, **self._worker_kwargs)
+        ).remote(*self._worker_args)
         return WorkerInfo(handle, slot)
 
     def _replace_dead(self) -> None:
@@ -498,7 +439,9 @@ class DistributedRollout:
         add_episode(self.stats, self.policy_stats, episode, seconds)
 
     def _check_complete(self, unit: _Unit, arrived: Counter[int]) -> None:
-        missing = [g for g in range(unit.first, unit.first + unit.count) if arrived[g] < self.episodes_per_group]
+        missing = [
+            g for g in range(unit.first, unit.first + unit.count) if arrived[g] < self.settings.episodes_per_group
+        ]
         if missing:
             raise RuntimeError(
                 f"Worker {unit.worker.slot}'s stream ended without all episodes of groups {missing}; "
@@ -523,7 +466,7 @@ class DistributedRollout:
             # An actor only unreachable for now would go on playing groups that are now someone
             # else's; make sure it is gone.
             ray.kill(dead.handle)
-        per_group = self.episodes_per_group
+        per_group = self.settings.episodes_per_group
         groups = range(unit.first, unit.first + unit.count)
         untouched = [g for g in groups if arrived[g] == 0]
         # Another unit of the same dead worker may already have brought a replacement in.
@@ -541,12 +484,12 @@ class DistributedRollout:
         for g in groups:
             if g in rerun:
                 continue
-            name = group_name(self.env_id, self.seed, g)
+            name = group_name(self.settings.env_id, self.settings.seed, g)
             for _ in range(per_group - arrived[g]):
                 placeholders.append(
                     [
                         Trajectory(
-                            env_id=self.env_id,
+                            env_id=self.settings.env_id,
                             agent_id=agent_id,
                             policy_id=policy_id,
                             group_id=f"{name}/{agent_id}" if self.multiagent else name,
@@ -582,39 +525,22 @@ def _runs(groups: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def distributed_rollout(
-    policy: ActorHandle, env_id: str, tokenizer: str | Path, num_groups: int, **kwargs: Any
+    policy: ActorHandle, tokenizer: str | Path, settings: RolloutSettings, num_groups: int, **kwargs: Any
 ) -> DistributedResult:
-    """Start a :class:`DistributedRollout` (``kwargs`` are its arguments), play ``num_groups`` groups,
-    end the workers, and return everything that came back."""
-    with DistributedRollout(policy, env_id, tokenizer, **kwargs) as rollout:
+    """Start a :class:`DistributedRollout` (``kwargs`` are its other arguments), play ``num_groups``
+    groups, end the workers, and return everything that came back."""
+    with DistributedRollout(policy, tokenizer, settings, **kwargs) as rollout:
         trajectories = asyncio.run(rollout.collect(num_groups))
         workers = rollout.workers + rollout.retired
     return DistributedResult(trajectories, rollout.stats, workers)
 
 
 def cluster_rollout(
-    policy: Policies,
-    config: EngineConfig,
-    tokenizer: Tokenizers,
-    env_kwargs: Mapping[str, Any],
-    imports: Sequence[str] = (),
-    mapping: MappingPreset | str | Callable[[str], str] = "all",
+    policy: Policies, tokenizer: Tokenizers, settings: RolloutSettings, imports: Sequence[str] = ()
 ) -> DistributedRollout:
-    """A :class:`DistributedRollout` with ``config``'s engine settings on the connected cluster: one
-    env worker per live node, sharing ``config.concurrency``, making envs with ``env_kwargs`` after
-    importing ``imports`` (``agentrl rollout`` and ``agentrl train`` with ``ray_address`` play this way);
-    a multi-agent env's agents go to the policy ``mapping`` gives them."""
+    """A :class:`DistributedRollout` of ``settings`` on the connected cluster: one env worker per live
+    node, sharing ``settings.concurrency``, importing ``imports`` first (``agentrl rollout`` and
+    ``agentrl train`` with ``ray_address`` play this way)."""
     num_workers = max(1, sum(1 for node in ray.nodes() if node["Alive"]))
-    settings = engine_settings(config)
-    settings["concurrency"] = math.ceil(config.concurrency / num_workers)
-    del settings["env_url"]  # None: the config refuses env_url with ray_address (the workers make their envs)
-    return DistributedRollout(
-        policy,
-        config.env_id,
-        tokenizer,
-        num_workers=num_workers,
-        env_kwargs=dict(env_kwargs),
-        imports=imports,
-        mapping=mapping,
-        **settings,
-    )
+    share = replace(settings, concurrency=math.ceil(settings.concurrency / num_workers))
+    return DistributedRollout(policy, tokenizer, share, num_workers=num_workers, imports=imports)

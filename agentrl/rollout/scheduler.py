@@ -27,6 +27,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from agentrl.policies.base import Sampling
 from agentrl.policies.router import episode_route
 from agentrl.rollout.buffer import TrajectoryBuffer
+from agentrl.rollout.settings import RolloutSettings
 from agentrl.rollout.stats import RolloutStats, add_episode
 from agentrl.types import Trajectory
 
@@ -127,7 +128,8 @@ async def flatten(episodes: AsyncIterable[Sequence[Trajectory]]) -> AsyncIterato
 class GroupScheduler(Generic[EnvT]):
     """Plays groups of episodes concurrently with a ``play`` function (see :data:`PlayFn`).
 
-    Each group plays ``group_size`` episodes of the same task (the same env seed) with independent
+    How (``settings``, a :class:`~agentrl.rollout.settings.RolloutSettings`): each group plays
+    ``group_size`` episodes of the same task (the same env seed) with independent
     samples; they share a group id. With ``redundancy`` > 0 a group starts that many extra
     episodes, and the :class:`~agentrl.rollout.buffer.TrajectoryBuffer` keeps the first
     ``group_size`` to finish. At most ``concurrency`` episodes run at once, across every stream of
@@ -140,33 +142,14 @@ class GroupScheduler(Generic[EnvT]):
 
     >>> async def play(env, task):  # doctest: +SKIP
     ...     return [await run_episode(env, agent, policy, sampling, limits, seed=task.env_seed)]
-    >>> scheduler = GroupScheduler(lambda: agentrl.make("agentrl/Calculator-v0"), play, group_size=4)  # doctest: +SKIP
+    >>> scheduler = GroupScheduler(lambda: agentrl.make("agentrl/Calculator-v0"), play, RolloutSettings(group_size=4))  # doctest: +SKIP
     >>> trajectories = asyncio.run(scheduler.collect(num_groups=8))  # doctest: +SKIP
     """
 
-    def __init__(
-        self,
-        make_env: Callable[[], EnvT],
-        play: PlayFn[EnvT],
-        *,
-        env_id: str = "",
-        group_size: int = 1,
-        redundancy: int = 0,
-        concurrency: int = 64,
-        seed: int = 0,
-    ):
-        if group_size < 1 or redundancy < 0 or concurrency < 1:
-            raise ValueError(
-                f"need group_size >= 1, redundancy >= 0 and concurrency >= 1; got {group_size}, "
-                f"{redundancy} and {concurrency}."
-            )
+    def __init__(self, make_env: Callable[[], EnvT], play: PlayFn[EnvT], settings: RolloutSettings = RolloutSettings()):
         self.make_env = make_env
         self.play = play
-        self.env_id = env_id
-        self.group_size = group_size
-        self.redundancy = redundancy
-        self.concurrency = concurrency
-        self.seed = seed
+        self.settings = settings
         self.stats = RolloutStats()
         self.policy_stats: dict[str, RolloutStats] = {}
         self.episodes = 0
@@ -181,7 +164,7 @@ class GroupScheduler(Generic[EnvT]):
 
     def group_id(self, group: int) -> str:
         """The id of group number ``group`` (its env seed follows from the number too)."""
-        return group_name(self.env_id, self.seed, group)
+        return group_name(self.settings.env_id, self.settings.seed, group)
 
     async def stream_episodes(
         self,
@@ -198,9 +181,9 @@ class GroupScheduler(Generic[EnvT]):
         outright instead (a resumed trainer replays exactly the groups it has not trained on).
         """
         numbers = self._numbers(num_groups, first_group, groups)
-        per_group = self.group_size + self.redundancy
+        per_group = self.settings.episodes_per_group
         todo = deque(
-            EpisodeTask(g, self.group_id(g), group_env_seed(self.seed, g), sample)
+            EpisodeTask(g, self.group_id(g), group_env_seed(self.settings.seed, g), sample)
             for g in numbers
             for sample in range(per_group)
         )
@@ -224,7 +207,7 @@ class GroupScheduler(Generic[EnvT]):
                 feed.add(task.group, episode)
                 done.put_nowait(episode)
 
-        workers = [asyncio.create_task(worker()) for _ in range(min(self.concurrency, total))]
+        workers = [asyncio.create_task(worker()) for _ in range(min(self.settings.concurrency, total))]
         started = time.perf_counter()
         try:
             for _ in range(total):
@@ -263,7 +246,7 @@ class GroupScheduler(Generic[EnvT]):
     def _semaphore(self) -> asyncio.Semaphore:
         loop = asyncio.get_running_loop()
         if self._slots is None or self._slots[0] is not loop:
-            self._slots = (loop, asyncio.Semaphore(self.concurrency))
+            self._slots = (loop, asyncio.Semaphore(self.settings.concurrency))
         return self._slots[1]
 
     def close(self) -> None:

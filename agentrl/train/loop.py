@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agentrl.build import build_engine, limits_of, sampling_of
+from agentrl.build import build_engine, rollout_settings, sampling_of
 from agentrl.dashboard.records import sample_kind, sample_records, write_samples
 from agentrl.metrics import MetricsLogger, policy_metric
 from agentrl.policies import Policy
@@ -551,18 +551,16 @@ class Controller:
         policies = {p: lane.policy for p, lane in self.lanes.items()}
         if against_base is not None:
             policies = {p: policy if p == against_base[0] else against_base[1] for p, policy in policies.items()}
-        engine = build_engine(
-            rollout.env_id,
-            policies,
-            mapping=self.mapping,
+        held_out = rollout_settings(
+            rollout,
             env_kwargs={**rollout.env_kwargs, "split": "test"},
-            system_prompt=rollout.system_prompt,
             sampling=replace(sampling_of(rollout, temperature=self.config.eval_temperature), seed=None),
-            limits=limits_of(rollout),
-            concurrency=rollout.concurrency,
-            env_url=rollout.env_url,
+            group_size=1,
+            redundancy=0,
             seed=EVAL_SEED_OFFSET + rollout.seed,
+            mapping=self.mapping,
         )
+        engine = build_engine(held_out, policies, env_url=rollout.env_url)
         steps = self.state.steps()
         self.progress.on_phase(
             f"evaluating (step {steps})" if self.one else f"evaluating (step {steps} of all policies)",

@@ -25,12 +25,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentrl.build import build_engine, build_trainer, engine_settings, load_tokenizer, make_policy, policy_options
+from agentrl.build import build_engine, build_trainer, load_tokenizer, make_policy, policy_options, rollout_settings
 from agentrl.config import ConfigError, EngineConfig
 from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy
 from agentrl.policies import make_policy as make_backend
 from agentrl.policies.supervisor import EngineSupervisor
+from agentrl.rollout import RolloutSettings
 from agentrl.rollout.protocol import Rollout
 from agentrl.train.config import PolicyConfig, TrainConfig
 from agentrl.train.lane import TrainerLike
@@ -181,14 +182,12 @@ class Serving:
         """What plays the train split: a rollout in this process, or with ``rollout.ray_address``
         env workers on the cluster, each reaching the policies' actors by name."""
         config = self.config
+        settings = rollout_settings(config.rollout, mapping=mapping, env_kwargs=env_kwargs)
         if config.rollout.ray_address and self.lent is None:
             tokenizers = {p: self.model_path(p) for p in served}
             names = {p: self.ray.name_of(p) for p in served}
-            return self.ray.env_workers(config.rollout, names, tokenizers, mapping, env_kwargs, config.imports)
-        return build_engine(
-            config.rollout.env_id, dict(served), mapping=mapping, env_kwargs=env_kwargs,
-            **engine_settings(config.rollout),
-        )  # fmt: skip
+            return self.ray.env_workers(settings, names, tokenizers, config.imports)
+        return build_engine(settings, dict(served), env_url=config.rollout.env_url)
 
     def close(self) -> None:
         lent = [self.lent] if self.lent is not None else []
@@ -234,19 +233,13 @@ class RaySession:
         return RemotePolicy(actor, load_tokenizer(model_path), owns_actor=True)
 
     def env_workers(
-        self,
-        rollout: EngineConfig,
-        names: dict[str, str],
-        tokenizers: dict[str, str],
-        mapping: Any,
-        env_kwargs: dict[str, Any],
-        imports: list[str],
+        self, settings: RolloutSettings, names: dict[str, str], tokenizers: dict[str, str], imports: list[str]
     ) -> Any:
         """A :class:`~agentrl.rollout.ray.DistributedRollout` playing against the policy actors by
         name; its workers import the run's ``imports`` (which must be importable on every node) first."""
         from agentrl.rollout.ray import cluster_rollout  # imports Ray
 
-        return cluster_rollout(names, rollout, tokenizers, env_kwargs, imports, mapping=mapping)
+        return cluster_rollout(names, tokenizers, settings, imports)
 
     def close(self) -> None:
         if self.address is None or not self.own_ray:

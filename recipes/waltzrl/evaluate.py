@@ -72,7 +72,7 @@ def waltz_table(
     exported adapters (``agentrl train`` writes them). With ``train_baseline``, the single-model RL
     baseline is trained first unless ``<run_dir>-single/model`` exists.
     """
-    from agentrl.build import build_engine, limits_of, policy_options, sampling_of  # torch, vllm: lazily
+    from agentrl.build import build_engine, policy_options, rollout_settings, sampling_of  # torch, vllm: lazily
     from agentrl.model_paths import resolve_model
     from agentrl.policies import make_policy
     from agentrl.train import train
@@ -121,17 +121,16 @@ def waltz_table(
         episodes_out: list[dict[str, Any]] = []
         for name, (conversation, feedback, mode) in plan.items():
             on_phase(f"evaluating: {CONFIGURATIONS[name]} ({episodes} held-out prompts)")
-            engine = build_engine(
-                rollout.env_id,
-                {"conversation": conversation, "feedback": feedback},
-                mapping="individual",
+            settings = rollout_settings(
+                rollout,
                 env_kwargs={**rollout.env_kwargs, "feedback": mode, "draw": "cycle", "split": "test"},
-                system_prompt=rollout.system_prompt,
                 sampling=replace(sampling_of(rollout, temperature=config.eval_temperature), seed=None),
-                limits=limits_of(rollout),
-                concurrency=rollout.concurrency,
+                group_size=1,
+                redundancy=0,
                 seed=EVAL_SEED_OFFSET + rollout.seed,
+                mapping="individual",
             )
+            engine = build_engine(settings, {"conversation": conversation, "feedback": feedback})
             try:
                 trajectories = asyncio.run(_play(engine, episodes))
             finally:

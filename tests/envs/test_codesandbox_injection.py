@@ -16,7 +16,7 @@ from test_codesandbox import backend, call  # noqa: F401  (backend is a fixture)
 
 from agentrl.agents import ChatAgent
 from agentrl.envs.codesandbox import CodeSandboxEnv
-from agentrl.rollout import EpisodeLimits, RolloutEngine
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
 from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
 from agentrl.types import Trajectory
 
@@ -43,7 +43,7 @@ def play(backend: str, printed: str) -> Trajectory:  # noqa: F811
         lambda: CodeSandboxEnv(backend=backend, max_turns=3),  # type: ignore[arg-type]
         agent,
         policy,
-        limits=EpisodeLimits(max_turns=3, max_length=8192),
+        RolloutSettings(limits=EpisodeLimits(max_turns=3, max_length=8192)),
     )
     try:
         (trajectory,) = asyncio.run(engine.collect(num_groups=1))

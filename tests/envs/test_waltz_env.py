@@ -30,7 +30,7 @@ from agentrl.envs.waltz.tasks import builtin_prompts
 from agentrl.multiagent import make_multiagent, run_multiagent_episode
 from agentrl.policies import Sampling, make_policy
 from agentrl.recipes.waltzrl.hooks import waltz_rewards, waltz_samples
-from agentrl.rollout import EpisodeLimits
+from agentrl.rollout import EpisodeLimits, RolloutSettings
 from agentrl.types import Message
 
 WALTZ = "agentrl/Waltz-v0"
@@ -353,7 +353,7 @@ def rollout(tokenizer_dir, conversation_reply, feedback_reply, seed=0, **env_kwa
         "conversation": make_policy("scripted", tokenizer_dir, {"reply": conversation_reply}),
         "feedback": make_policy("scripted", tokenizer_dir, {"reply": feedback_reply}),
     }
-    engine = build_engine(WALTZ, policies, mapping="individual", env_kwargs=env_kwargs)
+    engine = build_engine(RolloutSettings(WALTZ, mapping="individual", env_kwargs=env_kwargs), policies)
     env = make_multiagent(WALTZ, **env_kwargs)
     env.prompts = (HARMFUL,)
     limits = EpisodeLimits(max_turns=4, max_length=None)

@@ -28,7 +28,7 @@ import pytest
 from agentrl.agents import ChatAgent
 from agentrl.envs.codesandbox import PROBLEMS, CodeSandboxEnv, close_pools
 from agentrl.policies.base import Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine
+from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
 from agentrl.sandboxes.docker import DEFAULT_IMAGE, OWNER_LABEL, docker_available, docker_client, owner_label
 from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
 from agentrl.tool_calls import format_tool_calls
@@ -193,7 +193,9 @@ def test_a_dead_engine_fails_episodes_clearly_and_the_run_goes_on_once_it_is_bac
     env.close()
     policy = ScriptedPolicy(tokenizer, reply, end_of_turn_ids=agent.end_of_turn_ids)
     limits = EpisodeLimits(max_turns=4, max_length=8192, turn_timeout=60, episode_timeout=90)
-    engine = RolloutEngine(make_env, agent, policy, sampling=Sampling(max_tokens=2048), limits=limits, concurrency=2)
+    engine = RolloutEngine(
+        make_env, agent, policy, RolloutSettings(sampling=Sampling(max_tokens=2048), limits=limits, concurrency=2)
+    )
 
     def play(what: str) -> tuple[list[Trajectory], float]:
         started = time.monotonic()

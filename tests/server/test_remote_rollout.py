@@ -18,7 +18,7 @@ import pytest
 from agentrl.build import build_engine
 from agentrl.config import RolloutConfig
 from agentrl.policies import Sampling
-from agentrl.rollout import EpisodeLimits
+from agentrl.rollout import EpisodeLimits, RolloutSettings
 from agentrl.run import rollout
 from agentrl.server import ServerThread, make_app
 from agentrl.testing import ScriptedPolicy, serve_in_subprocess
@@ -87,10 +87,7 @@ def test_a_server_killed_mid_run_fails_only_the_episodes_it_held_and_the_run_goe
     server = _start_server(port)
     try:
         policy = ScriptedPolicy(tiny_tokenizer, CALL, delay=0.15)
-        engine = build_engine(
-            "agentrl/Calculator-v0", policy, env_url=url, env_kwargs={"split": "test"},
-            limits=EpisodeLimits(max_turns=4), sampling=Sampling(max_tokens=64), concurrency=8,
-        )  # fmt: skip
+        engine = build_engine(RolloutSettings("agentrl/Calculator-v0", env_kwargs={"split": "test"}, limits=EpisodeLimits(max_turns=4), sampling=Sampling(max_tokens=64), concurrency=8), policy, env_url=url)  # fmt: skip
 
         async def run() -> list:
             collecting = asyncio.create_task(engine.collect(num_groups=48))

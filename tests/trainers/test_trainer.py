@@ -16,7 +16,7 @@ import agentrl
 from agentrl.agents.chat import ChatAgent
 from agentrl.policies import Sampling
 from agentrl.policies.hf import HFPolicy
-from agentrl.rollout import RolloutEngine
+from agentrl.rollout import RolloutEngine, RolloutSettings
 from agentrl.testing import token_entropy, token_logprobs
 from agentrl.trainers import (
     ADVANTAGE_ESTIMATORS,
@@ -40,9 +40,9 @@ def _play(model_dir, temperature: float = 1.0) -> list:
         lambda: agentrl.make(learnable_env.ENV_ID),
         agent,
         policy,
-        env_id=learnable_env.ENV_ID,
-        sampling=Sampling(max_tokens=8, temperature=temperature),
-        group_size=4,
+        RolloutSettings(
+            env_id=learnable_env.ENV_ID, sampling=Sampling(max_tokens=8, temperature=temperature), group_size=4
+        ),
     )
     played = asyncio.run(engine.collect(4))
     policy.close()
