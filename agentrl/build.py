@@ -5,14 +5,14 @@ Every entry point builds through here: ``agentrl rollout`` / ``eval`` (:mod:`age
 script of your own (``examples/grpo_tool_arithmetic.py``)::
 
     policy = make_policy(config)                                     # the one backend table
-    engine = build_engine(rollout_settings(config, env_kwargs={"split": "train"}), policy)
+    engine = build_rollout(rollout_settings(config, env_kwargs={"split": "train"}), policy)
     trajectories = asyncio.run(engine.collect(num_groups=8))
 
-:func:`build_engine` takes one frozen value, :class:`~agentrl.rollout.RolloutSettings`
+:func:`build_rollout` takes one frozen value, :class:`~agentrl.rollout.RolloutSettings`
 (:func:`rollout_settings` makes it of an :class:`~agentrl.config.EngineConfig`), so callers that are
 not driven by a config (a Ray worker, a test, a notebook) build the same engine. For a single-agent env it makes a
-:class:`~agentrl.rollout.RolloutEngine`; for a multi-agent id a
-:class:`~agentrl.rollout.MultiAgentRolloutEngine`, each agent's chat agent rendering with the
+:class:`~agentrl.rollout.SingleAgentRollout`; for a multi-agent id a
+:class:`~agentrl.rollout.MultiAgentRollout`, each agent's chat agent rendering with the
 tokenizer of the policy it maps to.
 """
 
@@ -34,13 +34,14 @@ from agentrl.model_paths import DEFAULT_MODEL, resolve_model
 from agentrl.policies import Policy, Sampling
 from agentrl.policies import make_policy as make_backend
 from agentrl.registry import is_multiagent, make, make_multiagent, takes_kwarg
-from agentrl.rollout import EpisodeLimits, MultiAgentRolloutEngine, RolloutEngine, RolloutSettings, close_quietly
+from agentrl.rollout import EpisodeLimits, MultiAgentRollout, RolloutSettings, SingleAgentRollout, close_quietly
 from agentrl.server.remote import EnvClient, remote_env_factory
 from agentrl.server.remote_multiagent import remote_multiagent_factory
 from agentrl.trainers.models import ValueModel, load_policy_model, load_reference_model, pad_token_id
 from agentrl.trainers.trainer import Trainer, TrainerConfig
 
-Engine = RolloutEngine | MultiAgentRolloutEngine
+LocalRollout = SingleAgentRollout | MultiAgentRollout
+"""A rollout whose episodes run in this process (a Ray env worker holds one)."""
 
 
 def policy_options(config: EngineConfig) -> dict[str, Any]:
@@ -131,10 +132,10 @@ def env_factory(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Cal
     return lambda: as_agent_env(make(env_id, **kwargs))  # adapted here too: the probe env is read before the engine
 
 
-def build_engine(
+def build_rollout(
     settings: RolloutSettings, policies: Policy | Mapping[str, Policy], *, env_url: str | None = None
-) -> Engine:
-    """The rollout engine of ``settings.env_id``: agents from the policies' tokenizers and the env's tools.
+) -> LocalRollout:
+    """The rollout of ``settings.env_id``: agents from the policies' tokenizers and the env's tools.
 
     ``policies`` is one policy (serving ``settings.policy_id``) or ``{policy_id: policy}``. A
     multi-agent env maps its agents to policy ids with ``settings.mapping``; a single-agent env is
@@ -165,7 +166,7 @@ def build_engine(
             }
         finally:
             probe.close()
-        return MultiAgentRolloutEngine(make_env, agents, by_id, settings)
+        return MultiAgentRollout(make_env, agents, by_id, settings)
     policy = _policy(by_id, settings.policy_id, env_id)
     make_env = env_factory(env_id, kwargs) if env_url is None else remote_env_factory(env_url, env_id, kwargs)
     probe_env = make_env()
@@ -173,7 +174,7 @@ def build_engine(
         agent = ChatAgent.from_env(policy.tokenizer, probe_env, system_prompt=system_prompt)
     finally:
         close_quietly(probe_env)
-    return RolloutEngine(make_env, agent, policy, settings)
+    return SingleAgentRollout(make_env, agent, policy, settings)
 
 
 def multiagent_at(env_id: str, env_url: str | None = None) -> bool:
@@ -215,7 +216,7 @@ def build_trainer(
     """The :class:`~agentrl.trainers.trainer.Trainer` of ``config`` on the model at ``model_path``
     (padding with ``tokenizer``'s pad id), with a reference model when ``config.kl_coef`` > 0 and a
     value model for PPO. ``wrap`` is applied to the policy model before the optimizer sees it
-    (FSDP's ``fully_shard``, :mod:`agentrl.cluster`)."""
+    (FSDP's ``fully_shard``, :mod:`agentrl.trainers.ranks`)."""
     model = load_policy_model(
         model_path,
         dtype=dtype,

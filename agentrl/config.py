@@ -45,7 +45,7 @@ Backend = Literal["vllm", "hf", "openai"]
 
 @dataclass
 class EngineConfig:
-    """Env, model, inference backend, sampling, episode limits and groups: what a rollout engine is
+    """Env, model, inference backend, sampling, episode limits and groups: what a rollout is
     built from (:mod:`agentrl.build`), for ``agentrl rollout``, ``eval`` and ``train`` alike."""
 
     env_id: str = "agentrl/Calculator-v0"

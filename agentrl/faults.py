@@ -38,6 +38,11 @@ class RunFailed(RuntimeError):
     """
 
 
+class TrainerLost(RunFailed):
+    """A trainer rank died; the run stops (the other ranks are killed) and resumes from its
+    checkpoint (:class:`~agentrl.trainers.ranks.TrainerGroup`)."""
+
+
 class EngineLost(RunFailed):
     """The inference engine died once more than ``max_engine_restarts`` allows, or could not be
     started again (:class:`~agentrl.policies.supervisor.EngineSupervisor`)."""

@@ -14,7 +14,7 @@ The parts, importable from here as before:
   ``individual`` presets (:mod:`agentrl.mapping`);
 - ids: :func:`register_multiagent`, :func:`make_multiagent`, :func:`multiagent_ids`
   (:mod:`agentrl.registry`, beside the single-agent registry);
-- playing: :func:`run_multiagent_episode` and :class:`MultiAgentRolloutEngine`
+- playing: :func:`run_multiagent_episode` and :class:`MultiAgentRollout`
   (:mod:`agentrl.rollout.multiagent`).
 
 ::
@@ -34,7 +34,7 @@ from agentrl.registry import (
     multiagent_spec,
     register_multiagent,
 )
-from agentrl.rollout.multiagent import MultiAgentRolloutEngine, run_multiagent_episode
+from agentrl.rollout.multiagent import MultiAgentRollout, run_multiagent_episode
 from agentrl.types import Message
 
 __all__ = [
@@ -43,7 +43,7 @@ __all__ = [
     "MappingPreset",
     "MessageList",
     "MultiAgentEnv",
-    "MultiAgentRolloutEngine",
+    "MultiAgentRollout",
     "MultiAgentSpec",
     "group_of",
     "make_multiagent",

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.build import build_engine, make_policy, model_path, policy_options, rollout_settings
+from agentrl.build import build_rollout, make_policy, model_path, policy_options, rollout_settings
 from agentrl.config import RolloutConfig
 from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy
@@ -52,7 +52,7 @@ def _rollout_here(
     own_policy = policy is None
     policy = policy or make_policy(config)
     try:
-        engine = build_engine(_settings(config), policy, env_url=config.env_url)
+        engine = build_rollout(_settings(config), policy, env_url=config.env_url)
         try:
             trajectories = asyncio.run(collect(engine, config.episodes // config.group_size, on_episode))
         finally:

@@ -1,7 +1,7 @@
 """The data every part of agentrl speaks: chat messages, tool calls and trajectories.
 
 Read this module first. An environment observes and answers in :class:`Message` lists; the agent
-layer turns them into token ids; the rollout engine records one :class:`Trajectory` per agent per
+layer turns them into token ids; the rollout records one :class:`Trajectory` per agent per
 episode with the exact token ids the policy saw and produced; the trainer reads trajectories.
 
 All three types round-trip through plain JSON (``to_dict`` / ``from_dict``), and trajectories are

@@ -3,7 +3,7 @@ cutting one into a training sample: :func:`first_turns` (part of an episode) and
 (one turn, the turns before it as context), for a ``samples_fn`` of ``agentrl train``. The cuts
 keep the exact tokens of the trajectory (nothing is re-tokenised) and its invariants.
 
-The rollout engine drives it turn by turn: the prompt from the first observation, the policy's own
+The rollout drives it turn by turn: the prompt from the first observation, the policy's own
 generated ids with their log-probs and policy versions, then each observation as the chat
 template's delta, rendered by a :class:`~agentrl.agents.chat.ChatAgent` (history is never
 re-tokenised). :meth:`TrajectoryBuilder.finish` returns the validated
@@ -100,7 +100,7 @@ class TrajectoryBuilder:
 
     def would_exceed(self, extra: int | Sequence[Message]) -> bool:
         """Whether appending ``extra`` tokens, or the observation for these messages, would make
-        the sequence longer than ``max_length`` (the rollout engine then ends the episode as
+        the sequence longer than ``max_length`` (the rollout then ends the episode as
         truncated)."""
         if self.max_length is None:
             return False

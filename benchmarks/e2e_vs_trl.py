@@ -103,7 +103,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from agentrl.agents import ChatAgent
-from agentrl.build import build_engine, env_factory, limits_of, make_policy, sampling_of
+from agentrl.build import build_rollout, env_factory, limits_of, make_policy, sampling_of
 from agentrl.config import load_config
 from agentrl.env import AgentEnv
 from agentrl.metrics import eval_curve, read_metrics
@@ -389,7 +389,7 @@ async def held_out(config: TrainConfig, policy: Policy) -> float:
     """Success rate over ``eval_episodes`` held-out episodes played by ``policy``: the engine
     :meth:`agentrl.train.loop.Controller.evaluate` builds."""
     rollout = config.rollout
-    engine = build_engine(
+    engine = build_rollout(
         RolloutSettings(
             rollout.env_id,
             env_kwargs={**rollout.env_kwargs, "split": "test"},

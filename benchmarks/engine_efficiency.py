@@ -4,7 +4,7 @@
     python benchmarks/engine_efficiency.py --model /path/to/ckpt --episodes 16 --max-tokens 32
 
 Both sides run the same engine settings on the same prompts and generate the same number of tokens
-per prompt. First the rollout engine plays single-turn episodes of ``agentrl/Countdown-v0`` through
+per prompt. First the rollout plays single-turn episodes of ``agentrl/Countdown-v0`` through
 the ``vllm`` backend (``AsyncLLM``: one request per episode, batched continuously by the engine),
 including everything agentrl adds: env reset and step, chat-template rendering, trajectory
 building. Then its exact prompts go to ``vllm.LLM.generate`` in one call, each with ``max_tokens``
@@ -34,13 +34,13 @@ def rollout_side(
     from agentrl.agents import ChatAgent
     from agentrl.policies import Sampling
     from agentrl.policies.vllm import VLLMPolicy
-    from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+    from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 
     policy = VLLMPolicy(model, max_model_len=max_model_len, seed=0)
     try:
         env_id = "agentrl/Countdown-v0"
         agent = ChatAgent.from_env(policy.tokenizer, agentrl.make(env_id))
-        engine = RolloutEngine(
+        engine = SingleAgentRollout(
             lambda: agentrl.make(env_id),
             agent,
             policy,

@@ -55,7 +55,7 @@ def main() -> None:
     from agentrl.policies import Sampling
     from agentrl.policies.supervisor import EngineSupervisor
     from agentrl.policies.vllm import VLLMPolicy
-    from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+    from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 
     torch.set_num_threads(1)
     path = resolve_model(args.model)
@@ -80,7 +80,7 @@ def main() -> None:
 
     env_id = "agentrl/Countdown-v0"
     agent = ChatAgent.from_env(policy.tokenizer, agentrl.make(env_id))
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         lambda: agentrl.make(env_id),
         agent,
         policy,

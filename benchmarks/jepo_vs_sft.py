@@ -102,7 +102,7 @@ def evaluate(model: str, prompts: int, samples: int) -> dict[str, Any]:
     """The three held-out measures of one model (see the module docstring)."""
     import agentrl
     from agentrl.agents import ChatAgent, reference_trajectory
-    from agentrl.build import build_engine, load_tokenizer, make_policy
+    from agentrl.build import build_rollout, load_tokenizer, make_policy
     from agentrl.config import EngineConfig, load_config
     from agentrl.model_paths import resolve_model
     from agentrl.policies.base import Sampling
@@ -116,7 +116,7 @@ def evaluate(model: str, prompts: int, samples: int) -> dict[str, Any]:
     policy = make_policy(EngineConfig(model=model, backend="vllm", dtype=rollout.dtype))
     try:
         engines = {
-            reward: build_engine(
+            reward: build_rollout(
                 RolloutSettings(
                     ENV_ID,
                     env_kwargs={"split": "test", "reward": reward},

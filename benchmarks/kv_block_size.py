@@ -25,7 +25,7 @@ import time
 
 def play(config_path: str, block_size: int, groups: int) -> dict[str, float]:
     """``groups`` groups played on a new engine with ``block_size``-token blocks; seconds and token counts."""
-    from agentrl.build import build_engine, model_path, policy_options, rollout_settings
+    from agentrl.build import build_rollout, model_path, policy_options, rollout_settings
     from agentrl.config import load_config
     from agentrl.policies.vllm import VLLMPolicy
     from agentrl.train import TrainConfig
@@ -33,7 +33,7 @@ def play(config_path: str, block_size: int, groups: int) -> dict[str, float]:
     config = load_config(TrainConfig, config_path, [])
     policy = VLLMPolicy(model_path(config.rollout), **policy_options(config.rollout), block_size=block_size)
     try:
-        engine = build_engine(rollout_settings(config.rollout, env_kwargs={"split": "train"}), policy)
+        engine = build_rollout(rollout_settings(config.rollout, env_kwargs={"split": "train"}), policy)
         asyncio.run(engine.collect(1))  # first-call costs out of the timing
         started = time.perf_counter()
         trajectories = asyncio.run(engine.collect(groups))

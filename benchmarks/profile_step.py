@@ -136,12 +136,12 @@ def planned_tokens(batch: Any, micro_batch_size: int) -> int:
 
 def play_batch(config: Any) -> tuple[list[Any], Any]:
     """``config.groups_per_step`` groups of the train split, played on vLLM as the quickstart plays them."""
-    from agentrl.build import build_engine, make_policy, rollout_settings
+    from agentrl.build import build_rollout, make_policy, rollout_settings
 
     policy = make_policy(config.rollout)
     try:
         settings = rollout_settings(config.rollout, env_kwargs={**config.rollout.env_kwargs, "split": "train"})
-        engine = build_engine(settings, policy)
+        engine = build_rollout(settings, policy)
         trajectories = asyncio.run(engine.collect(config.groups_per_step))
         engine.close()
     finally:

@@ -1,4 +1,4 @@
-"""Async rollouts (the RolloutEngine) against synchronous lock-step turns, on a long-tail agent workload.
+"""Async rollouts (the SingleAgentRollout) against synchronous lock-step turns, on a long-tail agent workload.
 
     python benchmarks/rollout_async_vs_sync.py            # full size: 512 episodes, about 75 s on 2 cores
     python benchmarks/rollout_async_vs_sync.py --quick    # smoke test, a few seconds
@@ -7,7 +7,7 @@ Both modes play the same episodes, one after the other in this process, against 
 inference engine, and the script prints one table: episodes per second of each, their ratio, and
 how close each comes to the ideal.
 
-**async**: :class:`~agentrl.rollout.RolloutEngine` with ``concurrency`` K: every episode is its own
+**async**: :class:`~agentrl.rollout.SingleAgentRollout` with ``concurrency`` K: every episode is its own
 asyncio task, generating when it is ready and stepping its env while the others generate.
 
 **sync lock-step** (written here as the baseline, the way synchronous multi-turn rollouts in the
@@ -75,7 +75,7 @@ from agentrl.agents.chat import ChatAgent
 from agentrl.agents.trajectory import TrajectoryBuilder
 from agentrl.env import AgentEnv, Feedback, ResetResult, StepResult
 from agentrl.policies import Generation, Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 from agentrl.testing import build_tiny_tokenizer
 from agentrl.types import Message, Trajectory
 
@@ -280,9 +280,9 @@ async def lockstep(
 async def async_engine(
     tables: Tables, w: Workload, agent: ChatAgent, engine: SimulatedEngine, sampling: Sampling, limits: EpisodeLimits
 ) -> list[Trajectory]:
-    """The RolloutEngine: one asyncio task per episode, ``concurrency`` K of them in flight."""
+    """The SingleAgentRollout: one asyncio task per episode, ``concurrency`` K of them in flight."""
     engine.start()
-    rollout = RolloutEngine(
+    rollout = SingleAgentRollout(
         lambda: LongTailEnv(tables, w.time_scale),
         agent,
         engine,
@@ -360,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     ideal, decode, spread, longest = (x * w.time_scale for x in tables.ideal(w))
     runs = {}
-    for name, mode in (("async (RolloutEngine)", async_engine), ("sync lock-step turns", lockstep)):
+    for name, mode in (("async (SingleAgentRollout)", async_engine), ("sync lock-step turns", lockstep)):
         runs[name] = play(mode, tables, w, agent, engine, sampling, limits)
     problems = [p for name, (_, _, ts) in runs.items() for p in check(name, ts, tables, w)]
 
@@ -390,8 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{name:<24}{wall:>9.2f}{rates[name]:>12.1f}{rates[name] * per_min:>18.1f}"
             f"{decode_time / wall:>12.0%}{ideal / wall:>10.2f}{cpu:>14.2f}"
         )
-    speedup = rates["async (RolloutEngine)"] / rates["sync lock-step turns"]
-    of_ideal = ideal / runs["async (RolloutEngine)"][0]
+    speedup = rates["async (SingleAgentRollout)"] / rates["sync lock-step turns"]
+    of_ideal = ideal / runs["async (SingleAgentRollout)"][0]
     print(
         f"async / sync: {speedup:.2f}x (target >= {TARGET_SPEEDUP}x: {'met' if speedup >= TARGET_SPEEDUP else 'MISSED'}); "
         f"async / ideal: {of_ideal:.2f} (target >= {TARGET_OF_IDEAL}: {'met' if of_ideal >= TARGET_OF_IDEAL else 'MISSED'})"

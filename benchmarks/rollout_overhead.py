@@ -1,4 +1,4 @@
-"""Orchestration overhead of the rollout engine per turn, with an instant policy and an instant env.
+"""Orchestration overhead of the rollout per turn, with an instant policy and an instant env.
 
     python benchmarks/rollout_overhead.py            # full size: 5 repeats x 2048 turns, about 40 s on 2 cores
     python benchmarks/rollout_overhead.py --quick    # smoke test, a few seconds
@@ -6,7 +6,7 @@
 
 The policy answers at once with precomputed token ids and the env answers at once on the event
 loop (``areset`` / ``astep`` are native coroutines, no thread), so everything the run spends is the
-machinery around them: :class:`~agentrl.rollout.RolloutEngine` scheduling episodes as asyncio
+machinery around them: :class:`~agentrl.rollout.SingleAgentRollout` scheduling episodes as asyncio
 tasks, :func:`~agentrl.rollout.run_episode`'s loop (time limits, context room, phases),
 :class:`~agentrl.agents.TrajectoryBuilder` rendering each observation as the chat template's delta
 and encoding it, decoding and parsing each reply, and the env's own step contract.
@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 from agentrl.agents.chat import ChatAgent
 from agentrl.env import AgentEnv, Feedback, ResetResult, StepResult
 from agentrl.policies import Generation, Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 from agentrl.testing import build_tiny_tokenizer
 from agentrl.tools import tool
 from agentrl.types import Message, Trajectory
@@ -138,8 +138,8 @@ def run_engine(
     concurrency: int,
     limits: EpisodeLimits,
 ) -> Timing:
-    """Play ``episodes`` episodes through the RolloutEngine."""
-    engine = RolloutEngine(
+    """Play ``episodes`` episodes through the SingleAgentRollout."""
+    engine = SingleAgentRollout(
         make_env, agent, policy, RolloutSettings(env_id="bench/Instant", limits=limits, concurrency=concurrency)
     )
     timing = timed(lambda: sum(t.turns for t in check(asyncio.run(engine.collect(num_groups=episodes)))))

@@ -54,9 +54,9 @@ def _needs(device: str, gpu_share: float) -> dict[str, float]:
 def _engines(n: int, config: Any, model: str, needs: dict[str, float]) -> tuple[Any, Any]:
     """A router over ``n`` engine actors placed as ``agentrl train`` places them; and their placement group."""
     from agentrl.build import load_tokenizer, policy_options
-    from agentrl.cluster import start_engines
     from agentrl.policies.ray_actor import RemotePolicy
     from agentrl.policies.router import RouterPolicy
+    from agentrl.train.placement import start_engines
 
     group = placement_group([needs] * n, strategy="PACK")
     ray.get(group.ready())
@@ -71,9 +71,9 @@ def _engines(n: int, config: Any, model: str, needs: dict[str, float]) -> tuple[
 
 def rollout(config: Any, router: Any, groups: int) -> tuple[dict[str, float], list[Any]]:
     """``groups`` groups of the train split played through ``router``; the figures and the trajectories."""
-    from agentrl.build import build_engine, rollout_settings
+    from agentrl.build import build_rollout, rollout_settings
 
-    engine = build_engine(rollout_settings(config.rollout, env_kwargs={"split": "train"}), router)
+    engine = build_rollout(rollout_settings(config.rollout, env_kwargs={"split": "train"}), router)
     asyncio.run(engine.collect(1))  # first-call costs out of the timing
     started = time.perf_counter()
     trajectories = asyncio.run(engine.collect(groups))
@@ -84,8 +84,8 @@ def rollout(config: Any, router: Any, groups: int) -> tuple[dict[str, float], li
 
 
 def start_ranks(config: Any, model: str, ranks: int, needs: dict[str, float], device: str) -> tuple[Any, Any]:
-    """A :class:`~agentrl.cluster.TrainerGroup` of ``ranks`` DDP ranks (one torch thread each); its placement group."""
-    from agentrl.cluster import TrainerGroup
+    """A :class:`~agentrl.trainers.ranks.TrainerGroup` of ``ranks`` DDP ranks (one torch thread each); its placement group."""
+    from agentrl.trainers.ranks import TrainerGroup
 
     group = placement_group([needs] * ranks, strategy="PACK")
     ray.get(group.ready())
@@ -119,7 +119,7 @@ def sync(router: Any, trainer: Any, repeats: int, via: str = "store") -> tuple[f
     """Median seconds of publishing ``trainer``'s weights once and loading them into every engine
     (after one untimed sync: a broadcast forms its group then); the MB sent. ``via`` is
     ``cluster.weight_sync``: the object store, or rank 0's broadcast into the vLLM workers."""
-    from agentrl.cluster import WeightBroadcaster
+    from agentrl.policies.weight_sync import WeightBroadcaster
 
     megabytes = sum(t.numel() * t.element_size() for _, t in trainer.all_weights()) / 1e6
     trainer.broadcaster = WeightBroadcaster(trainer.ranks[0]) if via == "broadcast" else None
@@ -137,7 +137,7 @@ def sync(router: Any, trainer: Any, repeats: int, via: str = "store") -> tuple[f
 def sync_after_step(router: Any, trainer: Any, batch: list[Any], via: str) -> tuple[float, float]:
     """Seconds of the sync that follows a training step, as ``agentrl train`` makes it: only the
     decoder layers the step changed go (the quickstart trains 8 of SmolLM2's 30); the MB sent."""
-    from agentrl.cluster import WeightBroadcaster
+    from agentrl.policies.weight_sync import WeightBroadcaster
 
     trainer.broadcaster = WeightBroadcaster(trainer.ranks[0]) if via == "broadcast" else None
     asyncio.run(router.aupdate_weights(trainer.inference_weights()))  # everything, once: the engines hold it

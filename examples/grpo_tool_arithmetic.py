@@ -6,9 +6,9 @@
         --eval-episodes 4 --trainable-layers 1                   # a tiny run, as tests/test_examples.py makes
 
 The job of `agentrl train examples/quickstart.yaml`, with the same numbers, written out top to
-bottom: env -> agent -> policy -> rollout engine -> buffer -> trainer, then evaluate held-out
+bottom: env -> agent -> policy -> rollout -> buffer -> trainer, then evaluate held-out
 success, train, and evaluate again. Every piece is a public part of agentrl; `agentrl.build`
-(build_engine, rollout_settings) builds the same chain from a config and `agentrl.train.train` runs
+(build_rollout, rollout_settings) builds the same chain from a config and `agentrl.train.train` runs
 the same loop.
 
 This loop is synchronous and on-policy: each batch is played with the weights of the previous
@@ -29,7 +29,7 @@ import agentrl
 from agentrl.agents import ChatAgent
 from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy, Sampling, make_policy
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings, RolloutStats, TrajectoryBuffer
+from agentrl.rollout import EpisodeLimits, RolloutSettings, RolloutStats, SingleAgentRollout, TrajectoryBuffer
 from agentrl.trainers import Trainer, TrainerConfig, load_policy_model, pad_token_id
 
 # The quickstart's numbers (examples/quickstart.yaml).
@@ -63,7 +63,7 @@ def parse_args() -> argparse.Namespace:
 
 async def evaluate(policy: Policy, agent: ChatAgent, episodes: int, seed: int) -> float:
     """Held-out success rate: ``episodes`` episodes of the test split, one per task."""
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         lambda: agentrl.make(ENV_ID, split="test"),
         agent,
         policy,
@@ -98,9 +98,9 @@ async def main(args: argparse.Namespace) -> None:
     agent = ChatAgent.from_env(policy.tokenizer, probe)
     probe.close()
 
-    # 3. The rollout engine: groups of episodes on the train split, played concurrently. All episodes
+    # 3. The rollout: groups of episodes on the train split, played concurrently. All episodes
     #    of a group share a task (env seed); each samples with its own seed.
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         lambda: agentrl.make(ENV_ID, split="train"),
         agent,
         policy,

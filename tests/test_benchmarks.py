@@ -43,7 +43,7 @@ def test_the_script_states_its_launch_command(name):
 def test_async_vs_sync_quick_run_prints_its_table(capsys):
     assert load("rollout_async_vs_sync").main(["--quick"]) == 0
     out = capsys.readouterr().out
-    for row in ("ideal bound", "async (RolloutEngine)", "sync lock-step turns", "async / sync:", "async / ideal:"):
+    for row in ("ideal bound", "async (SingleAgentRollout)", "sync lock-step turns", "async / sync:", "async / ideal:"):
         assert row in out
     assert "PROBLEM" not in out
 

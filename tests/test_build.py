@@ -11,11 +11,11 @@ import pytest
 
 import agentrl
 from agentrl import Message, MessagesSpace, ReplySpace
-from agentrl.build import build_engine, make_policy, model_path, policy_options, rollout_settings, sampling_of
+from agentrl.build import build_rollout, make_policy, model_path, policy_options, rollout_settings, sampling_of
 from agentrl.config import EngineConfig, RolloutConfig
 from agentrl.policies import BACKENDS
 from agentrl.policies import make_policy as make_backend
-from agentrl.rollout import MultiAgentRolloutEngine, RolloutEngine, RolloutSettings
+from agentrl.rollout import MultiAgentRollout, RolloutSettings, SingleAgentRollout
 from agentrl.run import rollout
 from agentrl.testing import ScriptedPolicy
 
@@ -82,10 +82,10 @@ def test_a_missing_model_directory_is_a_clear_error(tmp_path):
 
 def test_one_builder_plays_a_single_agent_env(tiny_tokenizer):
     policy = ScriptedPolicy(tiny_tokenizer, '{"name": "calculate", "arguments": {"expression": "1+2"}}')
-    engine = build_engine(
+    engine = build_rollout(
         RolloutSettings("agentrl/Calculator-v0", env_kwargs={"split": "test"}, group_size=2, seed=5), policy
     )
-    assert isinstance(engine, RolloutEngine) and engine.agent.tokenizer is policy.tokenizer
+    assert isinstance(engine, SingleAgentRollout) and engine.agent.tokenizer is policy.tokenizer
     assert "calculate" in engine.agent.tokenizer.decode(engine.agent.prompt_ids([Message("user", "hi")]))
     trajectories = asyncio.run(engine.collect(num_groups=2))
     assert len(trajectories) == 4 and {t.group_id for t in trajectories} == {engine.group_id(0), engine.group_id(1)}
@@ -94,20 +94,20 @@ def test_one_builder_plays_a_single_agent_env(tiny_tokenizer):
 
 def test_one_builder_plays_a_plain_gymnasium_env(tiny_tokenizer):
     assert PLAIN_ID in agentrl.registered_ids()  # listed: it declares message spaces
-    engine = build_engine(RolloutSettings(PLAIN_ID), ScriptedPolicy(tiny_tokenizer, "echo"))
+    engine = build_rollout(RolloutSettings(PLAIN_ID), ScriptedPolicy(tiny_tokenizer, "echo"))
     trajectories = asyncio.run(engine.collect(num_groups=3))
     assert [t.reward for t in trajectories] == [1.0, 1.0, 1.0] and all(t.info["success"] for t in trajectories)
 
 
 def test_one_builder_plays_a_multi_agent_env_with_a_policy_per_agent(tiny_tokenizer):
     policies = {agent: ScriptedPolicy(tiny_tokenizer, "I accept.") for agent in ("trader_0", "trader_1")}
-    engine = build_engine(
+    engine = build_rollout(
         RolloutSettings(
             "agentrl/Negotiation-v0", mapping="individual", limits=agentrl.rollout.EpisodeLimits(max_turns=2)
         ),
         policies,
     )
-    assert isinstance(engine, MultiAgentRolloutEngine) and engine.roster == {
+    assert isinstance(engine, MultiAgentRollout) and engine.roster == {
         "trader_0": "trader_0",
         "trader_1": "trader_1",
     }
@@ -118,9 +118,9 @@ def test_one_builder_plays_a_multi_agent_env_with_a_policy_per_agent(tiny_tokeni
 
 def test_a_policy_id_nobody_serves_is_named(tiny_tokenizer):
     with pytest.raises(ValueError, match="played by policy 'default', but the policies given are for \\['other'\\]"):
-        build_engine(RolloutSettings("agentrl/Calculator-v0"), {"other": ScriptedPolicy(tiny_tokenizer, "x")})
+        build_rollout(RolloutSettings("agentrl/Calculator-v0"), {"other": ScriptedPolicy(tiny_tokenizer, "x")})
     with pytest.raises(ValueError, match="policy 'trader_1'"):
-        build_engine(
+        build_rollout(
             RolloutSettings("agentrl/Negotiation-v0", mapping="individual"),
             {"trader_0": ScriptedPolicy(tiny_tokenizer, "x")},
         )

@@ -34,7 +34,8 @@ from agentrl.types import Message
 ray = pytest.importorskip("ray", reason="the cluster needs ray (pip install -e '.[cpu]')")
 
 
-from agentrl.cluster import TrainerGroup, engine_shares, merge_rank_metrics, shard_groups  # noqa: E402
+from agentrl.train.placement import engine_shares  # noqa: E402
+from agentrl.trainers.ranks import TrainerGroup, merge_rank_metrics, shard_groups  # noqa: E402
 
 ENV_ID = "tests/ClusterSayB-v0"
 
@@ -220,7 +221,7 @@ class BroadcastEngine(FakeEngine):
 
 
 def test_a_broadcast_forms_its_group_once_and_again_without_a_dead_engine():
-    from agentrl.cluster import BroadcastWeights, WeightBroadcaster
+    from agentrl.policies.weight_sync import BroadcastWeights, WeightBroadcaster
 
     rank0, engines = FakeRank0(), [BroadcastEngine(0), BroadcastEngine(1), BroadcastEngine(2)]
     broadcaster = WeightBroadcaster(rank0)
@@ -237,7 +238,7 @@ def test_a_broadcast_forms_its_group_once_and_again_without_a_dead_engine():
 
 
 def test_an_engine_dead_when_the_group_forms_is_dropped_and_the_others_get_the_store_copy():
-    from agentrl.cluster import BroadcastWeights, WeightBroadcaster
+    from agentrl.policies.weight_sync import BroadcastWeights, WeightBroadcaster
 
     rank0, engines = FakeRank0(), [BroadcastEngine(0), BroadcastEngine(1)]
 
@@ -253,7 +254,7 @@ def test_an_engine_dead_when_the_group_forms_is_dropped_and_the_others_get_the_s
 
 
 def test_an_engine_the_broadcast_missed_gets_the_weights_through_the_object_store():
-    from agentrl.cluster import BroadcastWeights, WeightBroadcaster
+    from agentrl.policies.weight_sync import BroadcastWeights, WeightBroadcaster
 
     rank0 = FakeRank0()
     engines = [BroadcastEngine(0), BroadcastEngine(1, fails=RuntimeError("gloo: connection reset"))]
@@ -401,12 +402,12 @@ def local_ray(ray_cluster):
 @pytest.fixture(scope="module")
 def batch(tiny_model_dir):
     """16 real trajectories (4 groups of 4, two turns each) played by the tiny model."""
-    from agentrl.build import build_engine
+    from agentrl.build import build_rollout
     from agentrl.policies.hf import HFPolicy
 
     torch.set_num_threads(1)
     policy = HFPolicy(str(tiny_model_dir))
-    engine = build_engine(RolloutSettings(ENV_ID, sampling=Sampling(max_tokens=8), group_size=4), policy)
+    engine = build_rollout(RolloutSettings(ENV_ID, sampling=Sampling(max_tokens=8), group_size=4), policy)
     played = asyncio.run(engine.collect(4))
     policy.close()
     assert all(t.error is None for t in played)
@@ -631,9 +632,9 @@ class TestTwoNodes:
         assert [m["step"] for m in _steps(run_dir)] == [1, 2, 3]
 
     def test_colocated_ranks_and_engines_share_their_bundles_nodes(self, two_nodes, tiny_model_dir):
-        from agentrl.cluster import start_cluster
         from agentrl.config import EngineConfig
         from agentrl.train.config import ClusterConfig
+        from agentrl.train.placement import start_cluster
         from agentrl.trainers import TrainerConfig
 
         cluster = start_cluster(

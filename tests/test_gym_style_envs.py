@@ -1,4 +1,4 @@
-"""Envs written the gymnasium way: checked by check_env and played by the rollout engine.
+"""Envs written the gymnasium way: checked by check_env and played by the rollout.
 
 Two styles besides ``start`` / ``respond``: an :class:`~agentrl.AgentEnv` subclass that overrides
 ``reset`` / ``step`` (seeding with ``super().reset(seed=seed)``), and a plain ``gymnasium.Env``
@@ -17,7 +17,7 @@ import agentrl
 from agentrl import AgentEnv, Message, MessagesSpace, ReplySpace
 from agentrl.agents import ChatAgent
 from agentrl.env import GymnasiumAdapter, as_agent_env
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 from agentrl.testing import ScriptedPolicy
 from agentrl.tools import as_tool, call_tool
 
@@ -143,7 +143,7 @@ def test_both_styles_run_in_the_rollout_engine(make, registered, tiny_tokenizer)
         return made[-1]
 
     policy = ScriptedPolicy(tiny_tokenizer, spell_then_say)
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         make_env, agent, policy, RolloutSettings(env_id="tests/Word", group_size=2, limits=EpisodeLimits(max_turns=4))
     )
     trajectories = asyncio.run(engine.collect(num_groups=3))

@@ -19,7 +19,7 @@ from agentrl.checker import GARBAGE_REPLIES
 from agentrl.envs._split import split_of
 from agentrl.envs.negotiation import NegotiationEnv, parse_claim
 from agentrl.multiagent import (
-    MultiAgentRolloutEngine,
+    MultiAgentRollout,
     make_multiagent,
     multiagent_ids,
     policy_mapping,
@@ -284,7 +284,7 @@ class FlakyNegotiation(NegotiationEnv):
 def test_engine_groups_agents_and_runs_episodes_concurrently(tiny_tokenizer):
     policy = ScriptedPolicy(tiny_tokenizer, greedy_then_give, delay=0.05)
     buffer = TrajectoryBuffer(group_size=2)
-    engine = MultiAgentRolloutEngine(
+    engine = MultiAgentRollout(
         lambda: make_multiagent(NEGOTIATION),
         ChatAgent(tiny_tokenizer),
         {"default": policy},
@@ -303,7 +303,7 @@ def test_engine_groups_agents_and_runs_episodes_concurrently(tiny_tokenizer):
 
 def test_engine_streams_whole_episodes_of_the_groups_it_is_given(tiny_tokenizer):
     policies = {a: ScriptedPolicy(tiny_tokenizer, GIVE) for a in ("trader_0", "trader_1")}
-    engine = MultiAgentRolloutEngine(
+    engine = MultiAgentRollout(
         lambda: make_multiagent(NEGOTIATION),
         ChatAgent(tiny_tokenizer),
         policies,
@@ -329,7 +329,7 @@ def test_engine_raises_setup_errors_instead_of_counting_them(tiny_tokenizer):
     agents = {a: ChatAgent(tiny_tokenizer) for a in ("trader_0", "trader_1")}
     policy = {"default": ScriptedPolicy(tiny_tokenizer, GIVE)}
     with pytest.raises(ValueError, match="maps to policy 'trader_0'"):
-        MultiAgentRolloutEngine(NegotiationEnv, agents, policy, RolloutSettings(mapping="individual"))
+        MultiAgentRollout(NegotiationEnv, agents, policy, RolloutSettings(mapping="individual"))
 
     class WithJudge(NegotiationEnv):
         def __init__(self):
@@ -337,14 +337,14 @@ def test_engine_raises_setup_errors_instead_of_counting_them(tiny_tokenizer):
             self.possible_agents = [*self.possible_agents, "judge_0"]
 
     envs = iter([NegotiationEnv(), WithJudge()])  # the second episode at once needs a second env
-    engine = MultiAgentRolloutEngine(lambda: next(envs), agents, policy, RolloutSettings(group_size=2))
+    engine = MultiAgentRollout(lambda: next(envs), agents, policy, RolloutSettings(group_size=2))
     with pytest.raises(ValueError, match="No ChatAgent for agent 'judge_0'"):  # raised, not hung
         asyncio.run(engine.collect(num_groups=1))
 
 
 def test_faults_end_only_their_episode_and_are_counted(tiny_tokenizer):
     policies = {"trader_0": ScriptedPolicy(tiny_tokenizer, greedy), "trader_1": ScriptedPolicy(tiny_tokenizer, GIVE)}
-    engine = MultiAgentRolloutEngine(
+    engine = MultiAgentRollout(
         FlakyNegotiation,
         ChatAgent(tiny_tokenizer),
         policies,

@@ -27,7 +27,7 @@ from agentrl.agents import ChatAgent
 from agentrl.cli import app
 from agentrl.policies import Policy, Sampling
 from agentrl.policies.openai import OpenAIPolicy
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 from agentrl.types import Message
 
 pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("openai")]  # one worker: its module server starts once
@@ -226,7 +226,7 @@ def test_a_cancelled_request_is_aborted_on_the_server(policy, server):
 
 def test_rollout_engine_plays_calculator_with_exact_logprobs(policy, reference):
     env_id = "agentrl/Calculator-v0"
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         lambda: agentrl.make(env_id),
         ChatAgent.from_env(policy.tokenizer, agentrl.make(env_id)),
         policy,

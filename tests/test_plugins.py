@@ -346,7 +346,7 @@ def test_gymnasium_style_plugin_envs_are_made_and_played_by_the_rollout_engine(g
         import agentrl
         from agentrl.agents import ChatAgent
         from agentrl.env import as_agent_env
-        from agentrl.rollout import RolloutEngine
+        from agentrl.rollout import SingleAgentRollout
         from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
 
         seen = {"imported_before_make": "agentrl_test_gymstyle" in sys.modules}
@@ -357,7 +357,7 @@ def test_gymnasium_style_plugin_envs_are_made_and_played_by_the_rollout_engine(g
             agent = ChatAgent.from_env(tokenizer, as_agent_env(env))
             policy = ScriptedPolicy(tokenizer, lambda prompt: prompt.split("Say ")[-1].split(".")[0])
             make_env = lambda: as_agent_env(agentrl.make(env_id))
-            engine = RolloutEngine(make_env, agent, policy, env_id=env_id, group_size=2)
+            engine = SingleAgentRollout(make_env, agent, policy, env_id=env_id, group_size=2)
             trajectories = asyncio.run(engine.collect(num_groups=2))
             engine.close()
             seen[env_id] = [(t.error, t.reward) for t in trajectories]

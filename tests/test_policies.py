@@ -10,7 +10,7 @@ import agentrl  # noqa: E402
 from agentrl.agents import ChatAgent  # noqa: E402
 from agentrl.policies import Policy, Sampling  # noqa: E402
 from agentrl.policies.hf import HFPolicy  # noqa: E402
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings  # noqa: E402
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout  # noqa: E402
 from agentrl.testing import max_logprob_gap, reference_logprobs, reference_model  # noqa: E402
 from agentrl.types import Trajectory  # noqa: E402
 
@@ -51,7 +51,7 @@ def test_hf_policy_is_a_policy(hf_policy):
 def test_hf_rollout_logprobs_match_a_transformers_forward_pass(hf_policy, tiny_model_dir, temperature):
     env_id = "agentrl/Calculator-v0"
     agent = ChatAgent.from_env(hf_policy.tokenizer, agentrl.make(env_id))
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         lambda: agentrl.make(env_id),
         agent,
         hf_policy,

@@ -23,13 +23,13 @@ ray = pytest.importorskip("ray", reason="the distributed rollout needs ray (pip 
 import agentrl  # noqa: E402
 from agentrl import Message  # noqa: E402
 from agentrl.agents import ChatAgent  # noqa: E402
-from agentrl.multiagent import MultiAgentRolloutEngine, make_multiagent  # noqa: E402
+from agentrl.multiagent import MultiAgentRollout, make_multiagent  # noqa: E402
 from agentrl.policies import Sampling  # noqa: E402
 from agentrl.policies.ray_actor import PolicyActor  # noqa: E402
 from agentrl.rollout import (  # noqa: E402
     EpisodeLimits,
-    RolloutEngine,
     RolloutSettings,
+    SingleAgentRollout,
     TrajectoryBuffer,  # noqa: E402
 )
 from agentrl.rollout.ray import DistributedRollout, _runs, _split  # noqa: E402
@@ -46,7 +46,7 @@ def local_trajectories(tokenizer, num_groups, **engine_kwargs):
     """The same groups played by the local engine with the scripted policy, by group id."""
     agent = ChatAgent.from_env(tokenizer, agentrl.make(ENV_ID))
     policy = ScriptedPolicy(tokenizer, REPLY)
-    engine = RolloutEngine(lambda: agentrl.make(ENV_ID), agent, policy, RolloutSettings(ENV_ID, **engine_kwargs))
+    engine = SingleAgentRollout(lambda: agentrl.make(ENV_ID), agent, policy, RolloutSettings(ENV_ID, **engine_kwargs))
     by_group = defaultdict(list)
     for t in asyncio.run(engine.collect(num_groups)):
         by_group[t.group_id].append(t)
@@ -214,7 +214,7 @@ class TestLocalCluster:
             assert served[pid].received == turns > 0 and served[pid].cancelled == 0
         assert max_logprob_gap(reference_model(tiny_model_dir), trajectories) < 1e-4
         # The same tasks as the local engine's: each agent's prompt in each group.
-        local = MultiAgentRolloutEngine(
+        local = MultiAgentRollout(
             lambda: make_multiagent(NEGOTIATION),
             ChatAgent(tiny_tokenizer),
             {pid: ScriptedPolicy(tiny_tokenizer, "Claim: 0 books") for pid in TRADERS},

@@ -1,4 +1,4 @@
-"""The rollout engine: concurrency, groups, limits and faults, with a scripted policy.
+"""The rollout: concurrency, groups, limits and faults, with a scripted policy.
 
 The policy here is a script so that the tests can pin down what the engine does around it; the
 same engine against real backends is tested in test_policies.py.
@@ -14,7 +14,7 @@ import agentrl
 from agentrl import AgentEnv, Feedback, Message
 from agentrl.agents import ChatAgent
 from agentrl.policies import Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings, TrajectoryBuffer, run_episode
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout, TrajectoryBuffer, run_episode
 from agentrl.testing import ScriptedPolicy
 
 
@@ -43,7 +43,7 @@ def solver(prompt: str) -> str:
 
 
 def engine_for(tokenizer, policy, make_env=Say, **kwargs):
-    return RolloutEngine(make_env, ChatAgent(tokenizer), policy, RolloutSettings("tests/Say", **kwargs))
+    return SingleAgentRollout(make_env, ChatAgent(tokenizer), policy, RolloutSettings("tests/Say", **kwargs))
 
 
 def test_a_solving_policy_gets_reward_and_exact_tokens(tiny_tokenizer):
@@ -147,7 +147,7 @@ def test_garbage_completions_never_crash_builtin_envs(tiny_tokenizer):
     for env_id in agentrl.registered_ids("agentrl"):
         env_tools = agentrl.make(env_id).tools
         policy = ScriptedPolicy(tiny_tokenizer, garbage)
-        engine = RolloutEngine(
+        engine = SingleAgentRollout(
             lambda env_id=env_id: agentrl.make(env_id),
             ChatAgent(tiny_tokenizer, env_tools),
             policy,

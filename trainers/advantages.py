@@ -536,7 +536,7 @@ def _turn_level(batch: Batch, token_rewards: torch.Tensor) -> tuple[torch.Tensor
         raise ValueError(
             f"returns='turn' needs every generated token inside a turn, but trajectory {row} (group "
             f"{_group_name(batch, row)}) has generated tokens after its last turn end; end each turn "
-            "with a turn_ends entry (the rollout engine does), or use returns='episode'."
+            "with a turn_ends entry (the rollout does), or use returns='episode'."
         )
     unplaced = ~torch.isclose(batch.token_rewards.sum(-1), batch.rewards.to(torch.float32), rtol=1e-4, atol=1e-4)
     if unplaced.any():

@@ -18,7 +18,7 @@ adapter's tensors), and its adapter policy is made with :func:`adapter_config`.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -456,6 +456,20 @@ def save_pretrained(model: nn.Module, tokenizer: Any, out: str | Path) -> Path:
     state = dict(inference_state_dict(model))
     # save_pretrained drops a tied head from the file; loaders re-tie it from the config.
     base.save_pretrained(out, state_dict=state, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
+
+
+def save_weights(weights: Iterable[tuple[str, torch.Tensor]], model_path: str, tokenizer: Any, out: str | Path) -> Path:
+    """Export the named ``weights`` of the model at ``model_path`` as a transformers checkpoint, with
+    no model built (a cluster run's weights, which rank 0 published)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    out = Path(out)
+    skeleton.save_pretrained(out, state_dict=dict(weights), safe_serialization=True)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out

@@ -24,9 +24,9 @@ processes before the optimizer step, so N processes make exactly the update one 
 the whole batch. The same code runs under FSDP2: wrap the model's layers with
 ``torch.distributed.fsdp.fully_shard`` (gradient divide factor 1) before handing it over; their
 gradients arrive reduce-scattered, and only the tensors left whole are all-reduced here
-(:mod:`agentrl.cluster` does this for ``strategy: fsdp``). Every process returns the whole batch's
+(:mod:`agentrl.trainers.ranks` does this for ``strategy: fsdp``). Every process returns the whole batch's
 loss terms; counts and means of its own share are merged by the caller
-(:func:`agentrl.cluster.merge_rank_metrics`).
+(:func:`agentrl.trainers.ranks.merge_rank_metrics`).
 """
 
 from __future__ import annotations

@@ -64,7 +64,7 @@ class Generation(NamedTuple):
 class Policy(Protocol):
     """An inference backend serving one policy.
 
-    Everything a caller of a policy uses is declared here: the rollout engine reads ``tokenizer``
+    Everything a caller of a policy uses is declared here: the rollout reads ``tokenizer``
     (the agent renders prompts with it) and awaits ``generate``; the trainer's controller awaits
     ``aupdate_weights`` so that episodes go on while the weights load.
     """

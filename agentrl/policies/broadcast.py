@@ -11,7 +11,7 @@ collectives instead of one per tensor).
 The group lives outside ``torch.distributed``'s default group (the trainer ranks' own, and vLLM's
 in its worker): it is built directly on a ``TCPStore`` that member 0 hosts, so neither side's
 other collectives see it. The engine side is :class:`~agentrl.policies.vllm_worker.WeightSync`;
-the trainer side and the choice of members are :class:`agentrl.cluster.BroadcastWeights`.
+the trainer side and the choice of members are :class:`agentrl.policies.weight_sync.BroadcastWeights`.
 """
 
 from __future__ import annotations

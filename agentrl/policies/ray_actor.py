@@ -3,7 +3,7 @@
 :class:`PolicyActor` hosts any backend (``hf``, ``vllm``, ``scripted``, or a factory of your own, see
 :func:`~agentrl.policies.make_policy`) and serves many requests at once from its event loop; the backend batches
 them. :class:`RemotePolicy` is an ordinary :class:`~agentrl.policies.Policy` that awaits the actor, so
-anything that takes a policy (a rollout engine in an env worker, the trainer's weight sync) takes a
+anything that takes a policy (a rollout in an env worker, the trainer's weight sync) takes a
 remote one unchanged. A generation its caller gives up on is cancelled on the actor with
 ``ray.cancel``; the engine then stops the request (vLLM aborts it, ``hf`` stops its row). The env
 workers and the controller that use these are in :mod:`agentrl.rollout.ray`.

@@ -19,7 +19,7 @@ not change:
   every live engine at once and returns only when all of them hold the new version (they must agree
   on it), so with ``max_staleness: 0`` no request of the next batch can reach an engine that still
   holds the old one. Weights with a ``deliver`` method (a broadcast from the trainer,
-  :class:`agentrl.cluster.BroadcastWeights`) are handed the live engines and deliver to them.
+  :class:`agentrl.policies.weight_sync.BroadcastWeights`) are handed the live engines and deliver to them.
 
 >>> router = RouterPolicy([make_policy("vllm", path), make_policy("vllm", path)])  # doctest: +SKIP
 """
@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class Delivers(Protocol):
-    """Weights that bring themselves to the engines (:class:`agentrl.cluster.BroadcastWeights`, a
+    """Weights that bring themselves to the engines (:class:`agentrl.policies.weight_sync.BroadcastWeights`, a
     broadcast from the trainer's rank 0): the router hands them the live engines and gets one result
     (a version, or the exception) per engine."""
 
@@ -121,7 +121,7 @@ class RouterPolicy:
         # an object-store reference: agentrl.policies.ray_actor.SharedWeights) is passed on as it is.
         weights = list(named_tensors) if isinstance(named_tensors, Iterator) else named_tensors
         indices = list(self.live)
-        if isinstance(weights, Delivers):  # a broadcast to the engines (agentrl.cluster.BroadcastWeights)
+        if isinstance(weights, Delivers):  # a broadcast to the engines (agentrl.policies.weight_sync.BroadcastWeights)
             results = await weights.deliver([self.engines[i] for i in indices])
         else:
             results = await asyncio.gather(

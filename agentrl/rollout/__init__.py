@@ -3,8 +3,8 @@
 The stages, one module each:
 
 - :mod:`.episode`: one single-agent episode (:func:`run_episode`, its limits and clock) and the
-  :class:`RolloutEngine` that plays many at once;
-- :mod:`.multiagent`: one multi-agent episode and :class:`MultiAgentRolloutEngine`;
+  :class:`SingleAgentRollout` that plays many at once;
+- :mod:`.multiagent`: one multi-agent episode and :class:`MultiAgentRollout`;
 - :mod:`.settings`: how episodes are played, one frozen value for every rollout
   (:class:`RolloutSettings`, with :class:`EpisodeLimits`);
 - :mod:`.scheduler`: groups of episodes (:class:`GroupScheduler`, which takes a play function),
@@ -19,13 +19,13 @@ from agentrl.rollout.buffer import BufferStats, TrajectoryBuffer
 from agentrl.rollout.episode import (
     EpisodeClock,
     EpisodeTimeout,
-    RolloutEngine,
+    SingleAgentRollout,
     fit_to_room,
     run_episode,
     timeout_error,
     turn_sampling_of,
 )
-from agentrl.rollout.multiagent import MultiAgentRolloutEngine, run_multiagent_episode
+from agentrl.rollout.multiagent import MultiAgentRollout, run_multiagent_episode
 from agentrl.rollout.scheduler import (
     EpisodeTask,
     GroupFeed,
@@ -48,8 +48,8 @@ __all__ = [
     "EpisodeTimeout",
     "GroupFeed",
     "GroupScheduler",
-    "MultiAgentRolloutEngine",
-    "RolloutEngine",
+    "MultiAgentRollout",
+    "SingleAgentRollout",
     "RolloutSettings",
     "RolloutStats",
     "StalenessWindow",

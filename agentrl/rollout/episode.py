@@ -1,7 +1,7 @@
 """One episode, and the engine that plays many: each an asyncio task, all sharing the policy's engine.
 
 One episode is a straight loop (:func:`run_episode`): render the observation, generate, let the env
-answer, repeat. The :class:`RolloutEngine` runs many of them concurrently. A slow env call in one
+answer, repeat. The :class:`SingleAgentRollout` runs many of them concurrently. A slow env call in one
 episode never blocks another: env calls go through ``areset`` / ``astep`` (a thread unless the env
 is natively async), and the policy batches the concurrent generation requests.
 
@@ -240,7 +240,7 @@ def fit_to_room(sampling: Sampling, room: int | None) -> Sampling:
     return sampling if room is None or room >= sampling.max_tokens else replace(sampling, max_tokens=room)
 
 
-class RolloutEngine(GroupScheduler[AgentEnv]):
+class SingleAgentRollout(GroupScheduler[AgentEnv]):
     """Runs groups of episodes of a single-agent env concurrently against one policy.
 
     A :class:`~agentrl.rollout.scheduler.GroupScheduler` whose play function is :func:`run_episode`
@@ -252,7 +252,7 @@ class RolloutEngine(GroupScheduler[AgentEnv]):
     ``make_env`` may also make plain gymnasium envs that speak messages: each is adapted with
     :func:`~agentrl.env.as_agent_env`.
 
-    >>> engine = RolloutEngine(lambda: agentrl.make("agentrl/Calculator-v0"), agent, policy)  # doctest: +SKIP
+    >>> engine = SingleAgentRollout(lambda: agentrl.make("agentrl/Calculator-v0"), agent, policy)  # doctest: +SKIP
     >>> trajectories = asyncio.run(engine.collect(num_groups=8))  # doctest: +SKIP
     """
 

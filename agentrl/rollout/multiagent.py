@@ -4,8 +4,8 @@
 once) or an ``AECEnv`` (agents take turns); every generation of an agent goes to
 ``policies[mapping(agent_id)]`` (:mod:`agentrl.mapping`), and each agent gets its own
 :class:`~agentrl.types.Trajectory` (``agent_id``, ``policy_id``, the rewards that agent got).
-:class:`MultiAgentRolloutEngine` plays many at once, exactly as
-:class:`~agentrl.rollout.RolloutEngine` does for one agent: faults end the episode with ``error``
+:class:`MultiAgentRollout` plays many at once, exactly as
+:class:`~agentrl.rollout.SingleAgentRollout` does for one agent: faults end the episode with ``error``
 set on every agent's trajectory, are counted, and never stop the run. The env contract is
 :mod:`agentrl.multiagent`.
 """
@@ -331,8 +331,8 @@ async def _gather(calls: Mapping[str, Any]) -> dict[str, Any]:
 # --- many episodes ----------------------------------------------------------------------------
 
 
-class MultiAgentRolloutEngine(GroupScheduler[MultiAgentEnv]):
-    """Runs groups of multi-agent episodes concurrently, like :class:`~agentrl.rollout.RolloutEngine`.
+class MultiAgentRollout(GroupScheduler[MultiAgentEnv]):
+    """Runs groups of multi-agent episodes concurrently, like :class:`~agentrl.rollout.SingleAgentRollout`.
 
     A :class:`~agentrl.rollout.scheduler.GroupScheduler` whose play function is
     :func:`run_multiagent_episode` with ``settings``' mapping, sampling and limits: each group plays ``group_size`` (+ ``redundancy``) episodes of
@@ -344,7 +344,7 @@ class MultiAgentRolloutEngine(GroupScheduler[MultiAgentEnv]):
     ``episodes`` / ``failed_episodes`` count episodes. One env is made at construction to check
     that every agent has a chat agent and a policy.
 
-    >>> engine = MultiAgentRolloutEngine(  # doctest: +SKIP
+    >>> engine = MultiAgentRollout(  # doctest: +SKIP
     ...     lambda: make_multiagent("agentrl/Negotiation-v0"), ChatAgent(tokenizer),
     ...     {"trader_0": policy_a, "trader_1": policy_b}, RolloutSettings(mapping="individual", group_size=4))
     >>> trajectories = asyncio.run(engine.collect(num_groups=8))  # doctest: +SKIP

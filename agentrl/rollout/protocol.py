@@ -1,5 +1,5 @@
 """What every rollout shows its caller: :class:`Rollout`, met by the local engines
-(:class:`~agentrl.rollout.RolloutEngine`, :class:`~agentrl.rollout.MultiAgentRolloutEngine`) and
+(:class:`~agentrl.rollout.SingleAgentRollout`, :class:`~agentrl.rollout.MultiAgentRollout`) and
 by :class:`~agentrl.rollout.ray.DistributedRollout`, so that the training loop and ``agentrl
 rollout`` play groups the same way wherever the episodes run."""
 

@@ -1,9 +1,9 @@
 """Env workers and inference engines as Ray actors, running the same code as a local rollout.
 
 Ray is a placement decision, not a second implementation. An :class:`EnvWorker` actor builds the
-same engine a local rollout uses, with the same builder (:func:`agentrl.build.build_engine`):
-:class:`~agentrl.rollout.RolloutEngine` for a single-agent env,
-:class:`~agentrl.rollout.MultiAgentRolloutEngine` for a multi-agent one, and plays a slice of the
+same engine a local rollout uses, with the same builder (:func:`agentrl.build.build_rollout`):
+:class:`~agentrl.rollout.SingleAgentRollout` for a single-agent env,
+:class:`~agentrl.rollout.MultiAgentRollout` for a multi-agent one, and plays a slice of the
 groups with it. Each policy is a :class:`~agentrl.policies.ray_actor.RemotePolicy`, an ordinary
 :class:`~agentrl.policies.Policy` that awaits a
 :class:`~agentrl.policies.ray_actor.PolicyActor`, which hosts any backend (``hf``, ``vllm``, or a factory
@@ -73,7 +73,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from agentrl.build import Engine, build_engine, load_tokenizer
+from agentrl.build import LocalRollout, build_rollout, load_tokenizer
 from agentrl.mapping import policy_mapping
 from agentrl.policies.ray_actor import RemotePolicy, WorkerLocation, current_location
 from agentrl.registry import is_multiagent
@@ -101,9 +101,9 @@ Tokenizers = str | Path | Mapping[str, str | Path]
 
 @ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
 class EnvWorker:
-    """A rollout engine in a Ray actor, playing the groups it is given.
+    """A local rollout in a Ray actor, playing the groups it is given.
 
-    The engine is :func:`agentrl.build.build_engine`'s, built here of ``settings``: each policy as a
+    The rollout is :func:`agentrl.build.build_rollout`'s, built here of ``settings``: each policy as a
     :class:`~agentrl.policies.ray_actor.RemotePolicy` on its actor, with the tokenizer of its
     policy id (loaded here, once per path). A multi-agent env's agents go to the actor of the
     policy id ``settings.mapping`` gives them. ``imports`` are modules imported first (a user's
@@ -116,16 +116,16 @@ class EnvWorker:
             importlib.import_module(module)
         actors = dict(policy) if isinstance(policy, Mapping) else {settings.policy_id: policy}
         tokenizers = _Tokenizers(tokenizer)
-        self.engine: Engine = build_engine(
+        self.rollout: LocalRollout = build_rollout(
             settings, {pid: RemotePolicy(actor, tokenizers.of(pid)) for pid, actor in actors.items()}
         )
-        self._roster = dict(self.engine.roster)
+        self._roster = dict(self.rollout.roster)
 
     async def run(self, first_group: int, num_groups: int) -> AsyncIterator[list[Trajectory]]:
         """Play groups ``first_group`` to ``first_group + num_groups - 1``; yield each episode's
         trajectories as it finishes (Ray streams each episode to the caller as one object, so a
         multi-agent episode arrives whole or not at all)."""
-        async for episode in self.engine.stream_episodes(num_groups, first_group=first_group):
+        async for episode in self.rollout.stream_episodes(num_groups, first_group=first_group):
             yield episode
 
     async def roster(self) -> dict[str, str]:
@@ -139,7 +139,7 @@ class EnvWorker:
 
     async def close(self) -> None:
         """Close the idle envs (sandboxes and the like) before the actor is killed."""
-        self.engine.close()
+        self.rollout.close()
 
 
 class _Tokenizers:
@@ -210,11 +210,11 @@ class DistributedRollout:
     :meth:`close`. By default Ray spreads them over the nodes (``SPREAD``); ``nodes`` (node ids, see
     ``ray.nodes()``) pins worker ``i`` to ``nodes[i % len(nodes)]``. Each :meth:`stream` splits its
     groups into one contiguous range per worker and continues the group numbering of the previous
-    call, as :class:`~agentrl.rollout.RolloutEngine` does. ``settings`` mean what they mean there
-    (each worker builds its engine of them); ``settings.concurrency`` is per worker. See the module
+    call, as :class:`~agentrl.rollout.SingleAgentRollout` does. ``settings`` mean what they mean there
+    (each worker builds its rollout of them); ``settings.concurrency`` is per worker. See the module
     docstring for what happens when a worker dies.
 
-    A multi-agent env plays as :class:`~agentrl.multiagent.MultiAgentRolloutEngine` does:
+    A multi-agent env plays as :class:`~agentrl.multiagent.MultiAgentRollout` does:
     ``policy`` maps each policy id of ``settings.mapping`` to its :class:`~agentrl.policies.ray_actor.PolicyActor`
     (and ``tokenizer`` may map policy ids to their tokenizers), and every episode yields one
     trajectory per agent.
@@ -277,7 +277,7 @@ class DistributedRollout:
         return self._next_group
 
     def group_id(self, group: int) -> str:
-        """The id of group number ``group``, as a local engine names it."""
+        """The id of group number ``group``, as a local rollout names it."""
         return group_name(self.settings.env_id, self.settings.seed, group)
 
     async def stream_episodes(

@@ -1,11 +1,11 @@
-"""Groups of episodes played concurrently: the scheduling every rollout engine shares.
+"""Groups of episodes played concurrently: the scheduling every rollout shares.
 
 A :class:`GroupScheduler` takes a *play function* (``play(env, task) -> trajectories``: one
 trajectory for a single-agent episode, one per agent for a multi-agent one) and does the rest:
 numbering groups, seeding them, running at most ``concurrency`` episodes at once, reusing envs, and
 filling a :class:`~agentrl.rollout.buffer.TrajectoryBuffer`. The engines
-(:class:`~agentrl.rollout.episode.RolloutEngine`,
-:class:`~agentrl.rollout.multiagent.MultiAgentRolloutEngine`) are schedulers built with their play
+(:class:`~agentrl.rollout.episode.SingleAgentRollout`,
+:class:`~agentrl.rollout.multiagent.MultiAgentRollout`) are schedulers built with their play
 function; the Ray controller (:mod:`agentrl.rollout.ray`) runs one in each env worker and feeds its
 buffer with the same :class:`GroupFeed`.
 

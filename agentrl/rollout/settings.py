@@ -1,10 +1,10 @@
 """How a rollout plays its episodes, as one frozen value: :class:`RolloutSettings` (the env and its
 arguments, sampling, limits, groups, concurrency, seed, which policy plays).
 
-Every rollout takes it whole, whether its episodes run here (:class:`~agentrl.rollout.RolloutEngine`,
-:class:`~agentrl.rollout.MultiAgentRolloutEngine`) or in Ray env workers
+Every rollout takes it whole, whether its episodes run here (:class:`~agentrl.rollout.SingleAgentRollout`,
+:class:`~agentrl.rollout.MultiAgentRollout`) or in Ray env workers
 (:class:`~agentrl.rollout.ray.DistributedRollout`, which sends it to each worker); the builder
-(:func:`~agentrl.build.build_engine`) and :func:`~agentrl.build.rollout_settings` (from a config)
+(:func:`~agentrl.build.build_rollout`) and :func:`~agentrl.build.rollout_settings` (from a config)
 make it. A variant is ``dataclasses.replace(settings, ...)``: the evaluation's test split and its
 temperature, a worker's share of the concurrency.
 """

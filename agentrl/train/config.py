@@ -99,7 +99,7 @@ class ClusterConfig:
 
     Left out (``trainer_workers: 0``), the trainer runs in the ``agentrl train`` process and one engine
     serves, as without Ray. In a run of several policies, the cluster trains its one trainable
-    ``weights: full`` policy; the LoRA policies train and play in this process. See :mod:`agentrl.cluster`."""
+    ``weights: full`` policy; the LoRA policies train and play in this process. See :mod:`agentrl.train.placement` and :mod:`agentrl.trainers.ranks`."""
 
     trainer_workers: int = 0
     """Trainer ranks (``torch.distributed`` processes: gloo on the CPU, NCCL on GPUs); 0: no cluster."""

@@ -22,7 +22,7 @@ from agentrl.types import Trajectory
 
 class TrainerLike(Protocol):
     """What a lane needs of its trainer: a :class:`~agentrl.trainers.trainer.Trainer` in this
-    process, or a :class:`~agentrl.cluster.TrainerGroup` of ranks on Ray."""
+    process, or a :class:`~agentrl.trainers.ranks.TrainerGroup` of ranks on Ray."""
 
     last_advantages: Any
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from agentrl.build import build_engine, rollout_settings, sampling_of
+from agentrl.build import build_rollout, rollout_settings, sampling_of
 from agentrl.dashboard.records import sample_kind, sample_records, write_samples
 from agentrl.metrics import MetricsLogger, policy_metric
 from agentrl.policies import Policy
@@ -560,7 +560,7 @@ class Controller:
             seed=EVAL_SEED_OFFSET + rollout.seed,
             mapping=self.mapping,
         )
-        engine = build_engine(held_out, policies, env_url=rollout.env_url)
+        engine = build_rollout(held_out, policies, env_url=rollout.env_url)
         steps = self.state.steps()
         self.progress.on_phase(
             f"evaluating (step {steps})" if self.one else f"evaluating (step {steps} of all policies)",

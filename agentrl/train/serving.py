@@ -10,7 +10,7 @@
   replaced with the last weights when it dies (:class:`~agentrl.policies.supervisor.EngineSupervisor`):
   in this process, or with ``rollout.ray_address`` as a Ray actor under a name of the run, which
   the env workers on the cluster reach it by (:class:`RaySession`); with ``cluster:``, it trains on
-  trainer ranks with engines of its own behind a router (:mod:`agentrl.cluster`).
+  trainer ranks with engines of its own behind a router (:mod:`agentrl.train.placement`).
 - ``train(policy=...)`` lends an engine already running: it hosts the LoRA policies and the frozen
   base, or, in a run without LoRA policies, the one ``weights: full`` policy of ``rollout.model``.
 """
@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentrl.build import build_engine, build_trainer, load_tokenizer, make_policy, policy_options, rollout_settings
+from agentrl.build import build_rollout, build_trainer, load_tokenizer, make_policy, policy_options, rollout_settings
 from agentrl.config import ConfigError, EngineConfig
 from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy
@@ -35,7 +35,7 @@ from agentrl.rollout import RolloutSettings
 from agentrl.rollout.protocol import Rollout
 from agentrl.train.config import PolicyConfig, TrainConfig
 from agentrl.train.lane import TrainerLike
-from agentrl.trainers.models import adapter_config, save_pretrained
+from agentrl.trainers.models import adapter_config, save_pretrained, save_weights
 from agentrl.trainers.trainer import Trainer, TrainerConfig
 
 log = logging.getLogger(__name__)
@@ -119,14 +119,14 @@ class Serving:
         return EngineSupervisor(start, max_restarts=self.config.max_engine_restarts)
 
     def _start_cluster(self, policy_id: str) -> Any:
-        """``policy_id``'s trainer ranks and engines on Ray (:func:`agentrl.cluster.start_cluster`)."""
+        """``policy_id``'s trainer ranks and engines on Ray (:func:`agentrl.train.placement.start_cluster`)."""
         if self.cluster is not None:
             raise ConfigError(
                 "the cluster section trains one weights: full policy on trainer ranks; this run has more "
                 f"({sorted(p for p, s in self.policies.items() if s.weights == 'full' and s.trainable)}): give the "
                 "others weights: lora, or trainable: false."
             )
-        from agentrl.cluster import start_cluster  # imports Ray, an optional dependency
+        from agentrl.train.placement import start_cluster  # imports Ray, an optional dependency
 
         config = self.config
         colocated_gpus = config.cluster.placement == "colocated" and config.device == "cuda"
@@ -187,7 +187,7 @@ class Serving:
             tokenizers = {p: self.model_path(p) for p in served}
             names = {p: self.ray.name_of(p) for p in served}
             return self.ray.env_workers(settings, names, tokenizers, config.imports)
-        return build_engine(settings, dict(served), env_url=config.rollout.env_url)
+        return build_rollout(settings, dict(served), env_url=config.rollout.env_url)
 
     def close(self) -> None:
         lent = [self.lent] if self.lent is not None else []
@@ -267,6 +267,4 @@ def export(trainer: TrainerLike, policy: PolicyConfig, model_path: str, tokenize
             tokenizer.save_pretrained(out)
             return out
         return save_pretrained(trainer.model, tokenizer, out)
-    from agentrl.cluster import export_model  # a TrainerGroup: Ray is imported already
-
-    return export_model(trainer.all_weights(), model_path, tokenizer, out)  # type: ignore[attr-defined]
+    return save_weights(trainer.all_weights(), model_path, tokenizer, out)  # type: ignore[attr-defined]

@@ -4,7 +4,7 @@ Every judge is a :class:`Judge`: ``label(prompt, answer)`` returns the labels, o
 verdict could be read (a model's reply without the two verdict lines, a function's return of the
 wrong type). A bad verdict is never raised: it is counted (:meth:`Judge.stats`) and warned about
 once per kind. What does raise is a broken judge (an engine error, a timeout, an exception in your
-function): the rollout engine then counts the episode as failed, and a run shows it. Three kinds,
+function): the rollout then counts the episode as failed, and a run shows it. Three kinds,
 named in a config and built by :func:`make_judge`:
 
 - ``exact`` (:class:`ExactJudge`): the built-in task family's exact check,

@@ -72,7 +72,7 @@ def waltz_table(
     exported adapters (``agentrl train`` writes them). With ``train_baseline``, the single-model RL
     baseline is trained first unless ``<run_dir>-single/model`` exists.
     """
-    from agentrl.build import build_engine, policy_options, rollout_settings, sampling_of  # torch, vllm: lazily
+    from agentrl.build import build_rollout, policy_options, rollout_settings, sampling_of  # torch, vllm: lazily
     from agentrl.model_paths import resolve_model
     from agentrl.policies import make_policy
     from agentrl.train import train
@@ -130,7 +130,7 @@ def waltz_table(
                 seed=EVAL_SEED_OFFSET + rollout.seed,
                 mapping="individual",
             )
-            engine = build_engine(settings, {"conversation": conversation, "feedback": feedback})
+            engine = build_rollout(settings, {"conversation": conversation, "feedback": feedback})
             try:
                 trajectories = asyncio.run(_play(engine, episodes))
             finally:

@@ -20,7 +20,7 @@ from test_template_layouts import llama_tokenizer
 
 from agentrl import AgentEnv, Feedback, Message, tool
 from agentrl.agents import ChatAgent
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
 from agentrl.types import Trajectory
 
@@ -98,7 +98,7 @@ def play(agent: ChatAgent, inject: bool) -> Trajectory:
     payloads = injections(tokenizer)
     turns = iter([CALLS, "done", "done"])
     policy = ScriptedPolicy(tokenizer, lambda prompt: next(turns), end_of_turn_ids=agent.end_of_turn_ids)
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         lambda: InjectingEnv(payloads, inject), agent, policy, RolloutSettings(limits=EpisodeLimits(max_turns=4))
     )
     (trajectory,) = asyncio.run(engine.collect(num_groups=1))

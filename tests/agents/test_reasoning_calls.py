@@ -1,7 +1,7 @@
 """Tool calls inside a reasoning block are not run: end to end, with a Qwen3-like chat template.
 
 A scripted policy writes a ``<tool_call>`` inside ``<think> ... </think>`` and answers after it; the
-rollout engine plays it against an env with a counting tool. The tool must not run, the reply must be
+rollout plays it against an env with a counting tool. The tool must not run, the reply must be
 the final answer, and the trajectory must hold the generated tokens exactly as generated. A second
 policy writes the same call after ``</think>``: that one runs, so the count can fail.
 """
@@ -15,7 +15,7 @@ import pytest
 
 from agentrl import AgentEnv, Feedback, Message, Trajectory, tool
 from agentrl.agents import ChatAgent
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
 from agentrl.tools import Tool
 
@@ -119,7 +119,7 @@ def play(tokenizer, reply, calls: list[str], **agent_kwargs: Any) -> Trajectory:
     env_class = lookup_env(calls)
     agent = ChatAgent.from_env(tokenizer, env_class(), chat_template=QWEN3_LIKE_TEMPLATE, **agent_kwargs)
     policy = ScriptedPolicy(tokenizer, reply, end_of_turn_ids=agent.end_of_turn_ids)
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         env_class, agent, policy, RolloutSettings(env_id="tests/Lookup", limits=EpisodeLimits(max_turns=3))
     )
     (trajectory,) = asyncio.run(engine.collect(num_groups=1))
@@ -203,7 +203,7 @@ def test_a_call_in_reasoning_the_prompt_opened_is_not_run(tokenizer):
     agent = ChatAgent.from_env(tokenizer, env_class(), chat_template=PROMPT_OPENS_THINKING)
     assert agent.opens_reasoning == ("<think>", "</think>")
     policy = ScriptedPolicy(tokenizer, completion, end_of_turn_ids=agent.end_of_turn_ids)
-    engine = RolloutEngine(env_class, agent, policy, RolloutSettings(limits=EpisodeLimits(max_turns=3)))
+    engine = SingleAgentRollout(env_class, agent, policy, RolloutSettings(limits=EpisodeLimits(max_turns=3)))
     (trajectory,) = asyncio.run(engine.collect(num_groups=1))
     assert calls == [] and trajectory.reward == 1.0
     assert trajectory.messages[-1] == Message("assistant", completion)  # as written, no tag added

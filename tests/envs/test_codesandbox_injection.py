@@ -16,7 +16,7 @@ from test_codesandbox import backend, call  # noqa: F401  (backend is a fixture)
 
 from agentrl.agents import ChatAgent
 from agentrl.envs.codesandbox import CodeSandboxEnv
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
 from agentrl.types import Trajectory
 
@@ -39,7 +39,7 @@ def play(backend: str, printed: str) -> Trajectory:  # noqa: F811
     agent = ChatAgent.from_env(tokenizer, env)
     env.close()
     policy = ScriptedPolicy(tokenizer, lambda prompt: next(turns), end_of_turn_ids=agent.end_of_turn_ids)
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         lambda: CodeSandboxEnv(backend=backend, max_turns=3),  # type: ignore[arg-type]
         agent,
         policy,

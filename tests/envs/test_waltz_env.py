@@ -22,7 +22,7 @@ from agentrl.agents.waltz import (
     review_request,
     revision_notice,
 )
-from agentrl.build import build_engine
+from agentrl.build import build_rollout
 from agentrl.envs.waltz import WaltzEnv
 from agentrl.envs.waltz.judges import CallableJudge
 from agentrl.envs.waltz.rewards import episode_rewards
@@ -348,12 +348,12 @@ def tokenizer_dir(tmp_path_factory, tiny_tokenizer):
 
 
 def rollout(tokenizer_dir, conversation_reply, feedback_reply, seed=0, **env_kwargs):
-    """One episode through the set-up chain (build_engine's chat agents) and run_multiagent_episode."""
+    """One episode through the set-up chain (build_rollout's chat agents) and run_multiagent_episode."""
     policies = {
         "conversation": make_policy("scripted", tokenizer_dir, {"reply": conversation_reply}),
         "feedback": make_policy("scripted", tokenizer_dir, {"reply": feedback_reply}),
     }
-    engine = build_engine(RolloutSettings(WALTZ, mapping="individual", env_kwargs=env_kwargs), policies)
+    engine = build_rollout(RolloutSettings(WALTZ, mapping="individual", env_kwargs=env_kwargs), policies)
     env = make_multiagent(WALTZ, **env_kwargs)
     env.prompts = (HARMFUL,)
     limits = EpisodeLimits(max_turns=4, max_length=None)

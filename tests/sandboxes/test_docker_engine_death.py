@@ -1,6 +1,6 @@
 """A dead Docker Engine: the code env's episodes fail with a clear cause, and the run goes on once it is back.
 
-Episodes of ``agentrl/CodeSandbox-v0`` on the docker backend, played by the real rollout engine
+Episodes of ``agentrl/CodeSandbox-v0`` on the docker backend, played by the real rollout
 with a scripted policy, while the test SIGKILLs ``dockerd`` in the middle of them and later starts
 it again the way ``scripts/install.sh`` does. The episodes caught by the death, and those begun
 while the engine is away, fail (counted, never raised, never hung) with a ``DockerUnavailable``
@@ -28,7 +28,7 @@ import pytest
 from agentrl.agents import ChatAgent
 from agentrl.envs.codesandbox import PROBLEMS, CodeSandboxEnv, close_pools
 from agentrl.policies.base import Sampling
-from agentrl.rollout import EpisodeLimits, RolloutEngine, RolloutSettings
+from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 from agentrl.sandboxes.docker import DEFAULT_IMAGE, OWNER_LABEL, docker_available, docker_client, owner_label
 from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
 from agentrl.tool_calls import format_tool_calls
@@ -193,7 +193,7 @@ def test_a_dead_engine_fails_episodes_clearly_and_the_run_goes_on_once_it_is_bac
     env.close()
     policy = ScriptedPolicy(tokenizer, reply, end_of_turn_ids=agent.end_of_turn_ids)
     limits = EpisodeLimits(max_turns=4, max_length=8192, turn_timeout=60, episode_timeout=90)
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         make_env, agent, policy, RolloutSettings(sampling=Sampling(max_tokens=2048), limits=limits, concurrency=2)
     )
 

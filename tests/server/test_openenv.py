@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import agentrl
-from agentrl.build import build_engine
+from agentrl.build import build_rollout
 from agentrl.policies import Sampling
 from agentrl.rollout import EpisodeLimits, RolloutSettings
 from agentrl.server import OpenEnvEnv, ServerLimits, ServerThread, add_openenv_routes, make_app
@@ -78,7 +78,7 @@ def test_an_openenv_env_trains_through_the_rollout_engine(openenv_server, tiny_t
         agentrl.register(
             "test/OpenEnvGuess-v0", OpenEnvEnv, kwargs={"url": openenv_server, "observation_field": "prompt"}
         )
-    engine = build_engine(RolloutSettings("test/OpenEnvGuess-v0", group_size=2, limits=EpisodeLimits(max_turns=3), sampling=Sampling(max_tokens=8)), ScriptedPolicy(tiny_tokenizer, "1"))  # fmt: skip
+    engine = build_rollout(RolloutSettings("test/OpenEnvGuess-v0", group_size=2, limits=EpisodeLimits(max_turns=3), sampling=Sampling(max_tokens=8)), ScriptedPolicy(tiny_tokenizer, "1"))  # fmt: skip
     trajectories = asyncio.run(engine.collect(num_groups=4))
     engine.close()
     assert len(trajectories) == 8 and all(t.error is None for t in trajectories)

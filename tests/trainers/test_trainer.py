@@ -16,7 +16,7 @@ import agentrl
 from agentrl.agents.chat import ChatAgent
 from agentrl.policies import Sampling
 from agentrl.policies.hf import HFPolicy
-from agentrl.rollout import RolloutEngine, RolloutSettings
+from agentrl.rollout import RolloutSettings, SingleAgentRollout
 from agentrl.testing import token_entropy, token_logprobs
 from agentrl.trainers import (
     ADVANTAGE_ESTIMATORS,
@@ -36,7 +36,7 @@ def _play(model_dir, temperature: float = 1.0) -> list:
     torch.set_num_threads(1)
     policy = HFPolicy(model_dir)
     agent = ChatAgent.from_env(policy.tokenizer, agentrl.make(learnable_env.ENV_ID))
-    engine = RolloutEngine(
+    engine = SingleAgentRollout(
         lambda: agentrl.make(learnable_env.ENV_ID),
         agent,
         policy,

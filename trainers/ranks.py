@@ -1,37 +1,23 @@
-"""Scale-out on Ray: trainer ranks, several inference engines, and where they run (``cluster:``).
+"""The trainer on N ranks (``cluster.trainer_workers``): :class:`TrainerGroup` stands where one
+:class:`~agentrl.trainers.trainer.Trainer` stands, over :class:`TrainerRank` Ray actors, one
+``torch.distributed`` process each (gloo on the CPU, NCCL on GPUs).
 
-A run with a ``cluster:`` section (:class:`~agentrl.train.config.ClusterConfig`) keeps its
-controller, rollout and config, and moves two things onto Ray:
+Each step the group splits the batch into whole groups, one share per rank (balanced by tokens,
+:func:`shard_groups`), and every rank runs the same ``Trainer.step`` on its share. With
+``strategy: ddp`` each rank holds the whole model and the gradients are summed over ranks before
+the optimizer step (the Trainer's own all-reduce, what ``DistributedDataParallel`` does), so N ranks
+make exactly the update one process makes on the whole batch; with ``fsdp`` the model's decoder
+layers and root are ``fully_shard``-ed (FSDP2) and each rank holds a shard. The ranks' metrics are
+merged into the batch's (:func:`merge_rank_metrics`).
 
-- **The trainer** becomes ``trainer_workers`` :class:`TrainerRank` actors, one ``torch.distributed``
-  process each (gloo on the CPU, NCCL on GPUs). :class:`TrainerGroup` stands where the
-  :class:`~agentrl.trainers.trainer.Trainer` stood: each step it splits the batch into whole groups,
-  one share per rank (balanced by tokens), and every rank runs the same ``Trainer.step`` on its
-  share. With ``strategy: ddp`` each rank holds the whole model and the gradients are summed over
-  ranks before the optimizer step (the Trainer's own all-reduce, what ``DistributedDataParallel``
-  does), so N ranks make exactly the update one process makes on the whole batch; with ``fsdp`` the
-  model's decoder layers and root are ``fully_shard``-ed (FSDP2) and each rank holds a shard.
-- **The engines** become ``engines`` :class:`~agentrl.policies.ray_actor.PolicyActor` actors behind
-  a :class:`~agentrl.policies.router.RouterPolicy` (sticky episodes, least-loaded first, a dead
-  engine's requests replayed on the others). After each step rank 0 puts the new weights in Ray's
-  object store once (:class:`~agentrl.policies.ray_actor.SharedWeights`) and every engine fetches
-  and loads them; the update returns when all engines hold the new version.
-
-Placement (a Ray placement group, bundles packed onto as few nodes as fit):
-
-- ``disaggregated``: every rank and every engine has a bundle of its own (its own GPU on a GPU
-  cluster), so generation and training run at once (``max_staleness`` > 0 overlaps them).
-- ``colocated``: rank *i* and engine *i* share bundle *i* (on a GPU cluster, one GPU: half each).
-  With GPUs the engines sleep (vLLM's sleep mode) while the ranks step, which needs
-  ``max_staleness: 0`` (nothing generates during a step); on the CPU there is no sleep mode, and
-  colocation only places them together.
+After each step rank 0 publishes the new weights: in Ray's object store once
+(:class:`~agentrl.policies.ray_actor.SharedWeights`), or by broadcast to the engines
+(:mod:`agentrl.policies.weight_sync`).
 
 A rank that dies stops the run: the other ranks would wait for it in their next collective, so they
-are killed too and the run ends with :class:`TrainerLost`, whose message says to resume (the last
-checkpoint has every rank's state; a resumed run starts new ranks and loads it).
-
-The actors are named after the run (``agentrl-<id>-rank-<i>``, ``agentrl-<id>-engine-<i>``), which
-is how ``ray list actors`` shows them.
+are killed too and the run ends with :class:`~agentrl.faults.TrainerLost`, whose message says to
+resume (the last checkpoint has every rank's state; a resumed run starts new ranks and loads it).
+Where the ranks run is the training job's placement (:mod:`agentrl.train.placement`).
 """
 
 from __future__ import annotations
@@ -39,31 +25,25 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-import os
 import socket
-import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 try:
     import ray
 except ImportError as e:  # an optional dependency: say which extra brings it
-    raise ImportError("agentrl.cluster needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0.") from e
+    raise ImportError("agentrl.trainers.ranks needs Ray: pip install -e '.[cpu]' (or '.[gpu]'), or ray==2.60.0.") from e
 import torch
 from ray.exceptions import RayActorError
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from agentrl.config import EngineConfig
-from agentrl.faults import RunFailed
+from agentrl.faults import TrainerLost
 from agentrl.policies import broadcast
-from agentrl.policies.ray_actor import PolicyActor, RemotePolicy, SharedWeights, WorkerLocation, current_location
+from agentrl.policies.ray_actor import SharedWeights, WorkerLocation, current_location
 from agentrl.policies.router import RouterPolicy
-from agentrl.policies.supervisor import engine_died
 from agentrl.policies.vllm import changed_units
-from agentrl.train.config import ClusterConfig
+from agentrl.policies.weight_sync import BroadcastWeights, WeightBroadcaster
 from agentrl.trainers.trainer import TrainerConfig
 from agentrl.types import Trajectory
 
@@ -71,10 +51,6 @@ log = logging.getLogger(__name__)
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 """How long a rank waits in a collective for the others (a dead rank is noticed sooner: its actor)."""
-
-
-class TrainerLost(RunFailed):
-    """A trainer rank died; the run stops (the other ranks are killed) and resumes from its checkpoint."""
 
 
 # --- one rank ---------------------------------------------------------------------------------------
@@ -442,245 +418,4 @@ def _in_order(parts: Sequence[torch.Tensor | None], shares: Sequence[list[int]],
     out = torch.zeros(total, width)
     for part, share in zip(parts, shares):
         out[share, : part.shape[1]] = part  # type: ignore[union-attr]
-    return out
-
-
-# --- weights to the engines by broadcast -------------------------------------------------------------
-
-
-class WeightBroadcaster:
-    """Rank 0's side of ``weight_sync: broadcast`` across syncs: the group it forms with the live
-    engines (:mod:`agentrl.policies.broadcast`), formed again when the engines change (one died)."""
-
-    def __init__(self, rank0: Any):
-        self.rank0 = rank0
-        self.members: tuple[int, ...] | None = None
-        """The engines (ids) of the group formed last, None once it broke."""
-        self.fallbacks = 0
-        """Syncs (or parts of one) that went through the object store because a broadcast failed."""
-
-    async def deliver(self, engines: Sequence[Any], spec: list[broadcast.TensorSpec]) -> list[Any]:
-        """Broadcast the weights rank 0 holds to ``engines`` (:class:`~agentrl.policies.ray_actor.RemotePolicy`
-        of vLLM); per engine, its new version or the error it failed with. An engine the broadcast
-        did not reach, alive, gets the weights through the object store instead."""
-        joined = await self._form(engines) if self.members != tuple(id(e) for e in engines) else None
-        if joined is None:
-            sent, *results = await asyncio.gather(
-                self.rank0.send_weights.remote(), *(e.receive_weights(spec) for e in engines), return_exceptions=True
-            )
-        else:  # the group did not form: nothing was sent; an engine's own error says whether it died
-            not_formed = RuntimeError("the weight broadcast group did not form")
-            sent, *results = [j if isinstance(j, BaseException) else not_formed for j in joined]
-        if isinstance(sent, RayActorError):
-            raise TrainerLost(f"trainer rank 0 died while it sent the weights ({type(sent).__name__})") from sent
-        if isinstance(sent, BaseException) or any(isinstance(r, BaseException) for r in results):
-            log.warning("the weight broadcast failed (%s); this sync goes through the object store", sent)
-            self.members = None  # formed again, with the engines alive then, next sync
-            self.fallbacks += 1
-            missed = [i for i, r in enumerate(results) if isinstance(r, BaseException) and not engine_died(r)]
-            if missed:
-                shared = SharedWeights((await self.rank0.put_weights.remote())[0])
-                again = await asyncio.gather(
-                    *(engines[i].aupdate_weights(shared) for i in missed), return_exceptions=True
-                )
-                for i, result in zip(missed, again):
-                    results[i] = result
-        return results
-
-    async def _form(self, engines: Sequence[Any]) -> list[Any] | None:
-        """A new group: rank 0 hosts its store, engine *i* joins as member *i + 1* (all at once).
-        None once formed; else what each member's join returned or raised (rank 0's first)."""
-        self.members = None
-        host, port = await self.rank0.address.remote()
-        world = len(engines) + 1
-        joined = await asyncio.gather(
-            self.rank0.join_weights.remote(host, port, world),
-            *(engine.join_weights(host, port, world, i + 1) for i, engine in enumerate(engines)),
-            return_exceptions=True,
-        )
-        if any(isinstance(j, BaseException) for j in joined):
-            return joined
-        self.members = tuple(id(e) for e in engines)
-        return None
-
-
-class BroadcastWeights:
-    """One sync's weights under ``weight_sync: broadcast``: rank 0 holds them, and a
-    :class:`~agentrl.policies.router.RouterPolicy` has them :meth:`deliver`-ed to its live engines.
-    Iterating fetches them through the object store (any other policy takes them so)."""
-
-    def __init__(self, broadcaster: WeightBroadcaster, spec: list[broadcast.TensorSpec]):
-        self.broadcaster = broadcaster
-        self.spec = spec
-
-    async def deliver(self, engines: Sequence[Any]) -> list[Any]:
-        """:meth:`WeightBroadcaster.deliver`."""
-        return await self.broadcaster.deliver(engines, self.spec)
-
-    def __iter__(self) -> Iterator[tuple[str, Any]]:
-        return iter(SharedWeights(ray.get(self.broadcaster.rank0.put_weights.remote())[0]))
-
-
-# --- the cluster of a run ---------------------------------------------------------------------------
-
-
-@dataclass
-class Cluster:
-    """The Ray side of one run: its placement group, trainer ranks and engines."""
-
-    trainer: TrainerGroup
-    policy: RouterPolicy
-    placement: PlacementGroup
-    own_ray: bool
-
-    def close(self) -> None:
-        self.trainer.close()
-        self.policy.close()
-        remove_placement_group(self.placement)
-        if self.own_ray:
-            ray.shutdown()
-
-
-def start_cluster(
-    cluster: ClusterConfig,
-    rollout: EngineConfig,
-    trainer: TrainerConfig,
-    model_path: str,
-    *,
-    device: str,
-    torch_threads: int,
-    sleep: bool,
-) -> Cluster:
-    """Connect to Ray (``cluster.address``), reserve the placement, start the engines and the ranks."""
-    from agentrl.build import load_tokenizer, policy_options  # the set-up chain (imports transformers)
-
-    name = f"agentrl-{uuid.uuid4().hex[:8]}"
-    own_ray = not ray.is_initialized()
-    if own_ray:
-        address = cluster.address
-        ray.init(address=None if address == "local" else address, include_dashboard=False)
-    gpu = device == "cuda"
-    rank_needs = cluster.trainer_resources or {"CPU": 1.0, **({"GPU": 1.0} if gpu else {})}
-    engine_needs = cluster.engine_resources or {
-        "CPU": 1.0,
-        **({"GPU": 1.0} if gpu and rollout.backend == "vllm" else {}),
-    }
-    if cluster.placement == "colocated":  # rank i and engine i in bundle i, sharing its GPU
-        if gpu:
-            rank_needs = {**rank_needs, "GPU": 0.5}
-            engine_needs = {**engine_needs, "GPU": 0.5}
-        bundles = [_sum(rank_needs, engine_needs) for _ in range(cluster.trainer_workers)]
-        rank_bundles = engine_bundles = list(range(cluster.trainer_workers))
-    else:
-        bundles = [rank_needs] * cluster.trainer_workers + [engine_needs] * cluster.engines
-        rank_bundles = list(range(cluster.trainer_workers))
-        engine_bundles = list(range(cluster.trainer_workers, len(bundles)))
-    group = placement_group(bundles, strategy="PACK", name=f"{name}-placement")
-    if not group.wait(timeout_seconds=cluster.placement_timeout):
-        remove_placement_group(group)
-        if own_ray:
-            ray.shutdown()
-        raise RuntimeError(
-            f"Ray could not place {len(bundles)} bundles {bundles} within {cluster.placement_timeout} s; "
-            f"the cluster has {ray.cluster_resources()}. Lower cluster.trainer_workers / cluster.engines, "
-            "or the resources each needs (cluster.trainer_resources, cluster.engine_resources)."
-        )
-    options = policy_options(rollout)
-    if sleep:
-        options["enable_sleep_mode"] = True
-    engines = []
-    try:
-        actors = start_engines(group, engine_bundles, rollout.backend, model_path, options, engine_needs, name=name)
-        tokenizer = load_tokenizer(model_path)
-        engines = [RemotePolicy(actor, tokenizer, owns_actor=True) for actor in actors]
-        ranks = TrainerGroup.start(
-            model_path,
-            trainer,
-            bundles=[(group, b) for b in rank_bundles],
-            resources=rank_needs,
-            device=device,
-            dtype=rollout.dtype,
-            strategy=cluster.strategy,
-            torch_threads=torch_threads,
-            seed=trainer.seed,
-            name=name,
-            weight_sync=cluster.weight_path(device, rollout.backend),
-        )
-        ray.get([actor.ping.remote() for actor in actors])  # the engines are up (their start overlapped the ranks')
-    except BaseException:
-        for engine in engines:
-            engine.close()
-        remove_placement_group(group)
-        if own_ray:
-            ray.shutdown()
-        raise
-    router = RouterPolicy(engines)
-    if sleep:
-        ranks.colocated_engines = router
-    return Cluster(ranks, router, group, own_ray)
-
-
-def start_engines(
-    group: PlacementGroup,
-    bundles: Sequence[int],
-    backend: str,
-    model_path: str,
-    options: dict[str, Any],
-    resources: dict[str, float],
-    *,
-    name: str,
-) -> list[Any]:
-    """One :class:`~agentrl.policies.ray_actor.PolicyActor` per bundle of ``group``, named
-    ``<name>-engine-<i>``; CPU vLLM engines that share a node on disjoint cores (:func:`engine_shares`)."""
-    cpu_vllm = backend == "vllm" and not resources.get("GPU")
-    shares = engine_shares(group, bundles) if cpu_vllm else [None] * len(bundles)
-    return [
-        PolicyActor.options(  # type: ignore[attr-defined]
-            name=f"{name}-engine-{i}",
-            num_cpus=resources.get("CPU", 1),
-            num_gpus=resources.get("GPU", 0),
-            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=b),
-        ).remote(backend, model_path, options, cores=shares[i])
-        for i, b in enumerate(bundles)
-    ]
-
-
-def engine_shares(group: PlacementGroup, engine_bundles: Sequence[int]) -> list[tuple[int, int] | None]:
-    """Per engine, ``(k, n)``: it is the k-th of n CPU vLLM engines on its node, or None when alone.
-
-    Left alone, every CPU vLLM worker binds its threads to the same cores of its node (the first
-    NUMA node's, less one kept for the scheduler), so engines that share a node would share those
-    cores while the rest idle. Engines that share a node split its cores instead, one range each
-    (:func:`~agentrl.policies.ray_actor.share_of_cores`, on the engine's own node: Ray's ``CPU``
-    count may be more than the cores the machine has). A ``VLLM_CPU_OMP_THREADS_BIND`` set by the
-    user wins (None here).
-    """
-    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ:
-        return [None] * len(engine_bundles)
-    node_of = ray.util.placement_group_table(group)["bundles_to_node_id"]
-    sharing: dict[str, list[int]] = {}
-    for i, bundle in enumerate(engine_bundles):
-        sharing.setdefault(node_of[bundle], []).append(i)
-    shares: list[tuple[int, int] | None] = [None] * len(engine_bundles)
-    for engines in sharing.values():
-        if len(engines) > 1:  # alone on its node: vLLM's own binding
-            for k, i in enumerate(engines):
-                shares[i] = (k, len(engines))
-    return shares
-
-
-def _sum(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
-    return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in {*a, *b}}
-
-
-def export_model(weights: SharedWeights, model_path: str, tokenizer: Any, out: str | Path) -> Path:
-    """Write the trained model as a transformers checkpoint from the weights rank 0 published."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    out = Path(out)
-    skeleton.save_pretrained(out, state_dict=dict(weights), safe_serialization=True)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(out)
     return out
