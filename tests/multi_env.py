@@ -2,11 +2,12 @@
 ``sayer_b`` for e, each by the share of its letter in its own reply (so each policy's reward
 depends only on what it wrote). Two rounds: each agent is rewarded at each of its turns, and sees
 what the other wrote. A random tiny model writes random bytes; policy gradient raises both shares
-within a few steps.
+within a few steps. ``slow``: seconds each step of a "Say aaa" episode takes (a long tail).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from pettingzoo import ParallelEnv
@@ -22,8 +23,8 @@ LETTERS = {"sayer_a": "a", "sayer_b": "e"}
 class SayLetters(ParallelEnv):
     metadata: dict[str, Any] = {"name": "say_letters_v0"}
 
-    def __init__(self, split: str = "train", rounds: int = 2):
-        self.split, self.rounds = split, rounds
+    def __init__(self, split: str = "train", rounds: int = 2, slow: float = 0.0):
+        self.split, self.rounds, self.slow = split, rounds, slow
         self.possible_agents = list(LETTERS)
         self.agents: list[str] = []
         self._observation = {a: MessagesSpace() for a in LETTERS}
@@ -37,11 +38,13 @@ class SayLetters(ParallelEnv):
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> Any:
         self.agents, self.round = list(LETTERS), 0
-        count = 1 + (seed or 0) % 3
+        count = self.count = 1 + (seed or 0) % 3
         observations = {a: MessageList([Message("user", f"Say {letter * count}")]) for a, letter in LETTERS.items()}
         return observations, {a: {} for a in self.agents}
 
     def step(self, actions: dict[str, Any]) -> Any:
+        if self.count == 3:
+            time.sleep(self.slow)
         self.round += 1
         texts = {a: getattr(actions[a], "content", actions[a]) for a in self.agents}
         rewards = {a: texts[a].count(LETTERS[a]) / max(len(texts[a]), 1) for a in self.agents}

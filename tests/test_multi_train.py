@@ -76,6 +76,31 @@ def _rose(rewards: list[float]) -> bool:
     return sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2
 
 
+def test_tail_batching_trains_every_policy_on_each_rounds_first_groups(tiny_model_dir, tmp_path):
+    # "Say aaa" episodes take 0.4 s a step: short rounds abort them, long rounds play them whole.
+    slow = 'rollout.env_kwargs={"slow": 0.4}'
+    options = ["tail_batching=true", "tail_extra=1.0", "max_staleness=0", "steps=6", "checkpoint_every=6", slow]
+    result = train(_config(tiny_model_dir, tmp_path / "run", *options, policies=FULL))
+
+    assert result.steps == 12
+    for policy in POLICIES:
+        steps = _steps(result.run_dir, policy)
+        assert [m[f"train/{policy}/policy_version"] for m in steps] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+        assert all(m[f"train/{policy}/staleness_max"] == 0 for m in steps)  # on-policy, each of them
+        assert any(m[f"train/{policy}/tail_long_round"] == 1.0 for m in steps)
+        assert sum(m[f"train/{policy}/tail_aborted_groups"] for m in steps) >= 2
+    by_policy: dict[str, dict[int, list[int]]] = {p: {} for p in POLICIES}
+    for record in _batches(result.run_dir):
+        by_policy[record["policy"]][record["step"]] = record["groups"]
+    a, b = (by_policy[p] for p in POLICIES)
+    assert sorted(a) == sorted(b) == list(range(1, 7))
+    assert all(sorted(a[step]) == sorted(b[step]) for step in a)  # one round, the same first groups for both
+    trained = [g for step in sorted(a) for g in a[step]]
+    assert len(trained) == len(set(trained)) == 12  # no group twice
+    state = json.loads(sorted((result.run_dir / "checkpoints").glob("*/controller.json"))[-1].read_text())
+    assert not set(state["tail_queue"]) & set(trained)
+
+
 @pytest.mark.parametrize("lockstep", [False, True])
 def test_both_policies_train_asynchronously_and_in_lockstep(tiny_model_dir, tmp_path, lockstep):
     # (Whether rewards rise within a few steps of the random tiny model is too noisy to assert; the

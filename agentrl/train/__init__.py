@@ -130,11 +130,6 @@ def _train(config: TrainConfig, progress: Progress, lent: Policy | None) -> Trai
     the_plan = plan(config)
     policies = the_plan.policies
     trainable = [p for p, s in policies.items() if s.trainable]
-    if config.tail_batching and len(trainable) > 1:
-        raise ValueError(
-            f"tail_batching plays each batch in a round of its own, for one trained policy; this run trains "
-            f"{sorted(trainable)}. Drop tail_batching, or train one policy (trainable: false for the others)."
-        )
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     record = {

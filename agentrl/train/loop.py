@@ -160,11 +160,12 @@ class Controller:
         producer = None if self.config.tail_batching else asyncio.create_task(self._produce())
         try:
             if producer is None:
-                for lane in list(self.active):
-                    while lane in self.active:
-                        waited = time.perf_counter()
-                        groups = await self._tail_round(lane)
-                        await self._train_on(lane, groups, time.perf_counter() - waited)
+                while self.active:  # every training policy steps on each round's groups
+                    lanes = list(self.active)
+                    waited = time.perf_counter()
+                    batches = await self._tail_round(lanes)
+                    seconds = time.perf_counter() - waited
+                    await asyncio.gather(*(self._train_on(lane, batches[lane.policy_id], seconds) for lane in lanes))
             elif self.config.lockstep:
                 while self.active:
                     lanes = list(self.active)
@@ -357,14 +358,15 @@ class Controller:
         live = {g: v for g, v in starts.items() if lane.buffer.state_of(g) != "gone"}
         return required_groups(live, lane.buffer.version, lane.max_staleness, lane.groups_per_step)
 
-    async def _tail_round(self, lane: Lane) -> list[list[Trajectory]]:
+    async def _tail_round(self, lanes: list[Lane]) -> dict[str, list[list[Trajectory]]]:
         """Tail batching (RollPacker, "Mitigating Long-Tail Rollouts for Fast, Synchronous RL
         Post-Training", 2025), one synchronous round per batch, every token from the current
-        weights. A short round starts ``tail_extra`` more groups than the batch needs and takes the
-        first ``groups_per_step`` to finish; the unfinished ones are aborted and queued (their
-        episodes are never trained on), and once a batch's worth is queued, a long round plays those
-        at full length. Groups that finished but were not needed are played again later."""
-        need = lane.groups_per_step
+        weights. A short round starts ``tail_extra`` more groups than a batch needs and each
+        training policy takes the first ``groups_per_step`` of its groups to finish; the unfinished
+        ones are aborted and queued (their episodes are never trained on), and once a batch's worth
+        is queued, a long round plays those at full length. Groups that finished but no policy
+        needed are played again later; one that some policies took is lost to the others."""
+        need = self.config.groups_per_step
         queue = self.state.tail_queue
         long_round = len(queue) >= need
         if long_round:
@@ -372,43 +374,61 @@ class Controller:
             del queue[:need]
             for number in numbers:
                 self.arrived[number] = []
-                lane.start_versions[number] = lane.buffer.version
+                for lane in lanes:
+                    lane.start_versions[number] = lane.buffer.version
         else:
             numbers = await self._take(need + math.ceil(need * self.config.tail_extra))
         rounds = [asyncio.create_task(self._drain(numbers))]
-        groups: list[list[Trajectory]] = []
+        batches: dict[str, list[list[Trajectory]]] = {lane.policy_id: [] for lane in lanes}
+        short = lambda: [lane for lane in lanes if len(batches[lane.policy_id]) < need]  # noqa: E731
         try:
-            while len(groups) < need:
-                groups += await lane.buffer.get(need - len(groups), timeout=1.0)
-                if len(groups) < need and all(r.done() for r in rounds) and not len(lane.buffer):
+            while pending := short():
+                got = await asyncio.gather(
+                    *(lane.buffer.get(need - len(batches[lane.policy_id]), timeout=1.0) for lane in pending)
+                )
+                for lane, groups in zip(pending, got):
+                    batches[lane.policy_id] += groups
+                pending = short()
+                if pending and all(r.done() for r in rounds) and not any(len(lane.buffer) for lane in pending):
                     for task in rounds:  # a stream that raised is a setup error: the run ends with it
                         if task.exception() is not None:
                             raise task.exception()  # type: ignore[misc]
-                    more = await self._take(need - len(groups))  # groups lost to failed episodes: replacements
+                    missing = max(need - len(batches[lane.policy_id]) for lane in pending)
+                    more = await self._take(missing)  # groups lost to failed episodes: replacements
                     numbers += more
                     rounds.append(asyncio.create_task(self._drain(more)))
         finally:
             for task in rounds:
                 task.cancel()
             await asyncio.gather(*rounds, return_exceptions=True)
-        taken = {self.numbers[group[0].group_id] for group in groups}
+        taken = {p: {self.numbers[group[0].group_id] for group in groups} for p, groups in batches.items()}
+        anyone = set().union(*taken.values())
         aborted = []
         for number in numbers:
             group_id = self.rollout.group_id(number)
-            running = number in self.arrived
-            if number in taken or not (running or lane.buffer.state_of(group_id) == "ready"):
-                continue  # trained now, or lost to failed episodes (counted)
-            lane.buffer.abort(group_id)
-            lane.start_versions.pop(number, None)
-            if running:
+            if number in self.arrived:  # still running: the long tail, replayed in a long round
+                for lane in lanes:
+                    lane.buffer.abort(group_id)
+                    lane.start_versions.pop(number, None)
                 del self.arrived[number]
-                queue.append(number)  # the long tail: replayed in a long round
+                queue.append(number)
                 aborted.append(number)
-            else:
+                continue
+            unneeded = [
+                lane
+                for lane in lanes
+                if number not in taken[lane.policy_id] and lane.buffer.state_of(group_id) == "ready"
+            ]
+            for lane in unneeded:  # finished, but this policy had its batch
+                lane.buffer.abort(group_id)
+                lane.start_versions.pop(number, None)
+                if number in anyone:  # another policy trained on it: not played again
+                    lane.lose(number)
+            if unneeded and number not in anyone:  # nobody needed it: played again in a short round
                 self.state.finished_groups.remove(number)
-                self.replay.append(number)  # finished but not needed: played again in a short round
+                self.replay.append(number)
         self._tail = {"train/tail_long_round": float(long_round), "train/tail_aborted_groups": float(len(aborted))}
-        return groups
+        return batches
 
     # --- training ------------------------------------------------------------------------------
 
