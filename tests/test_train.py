@@ -313,6 +313,27 @@ def test_a_setup_error_mid_run_ends_the_run_with_it_instead_of_hanging(tiny_mode
         train(config, policy=_scripted(tiny_tokenizer, delays=0.05))
 
 
+def test_a_producer_that_raises_ends_the_run_with_it_instead_of_hanging(
+    tiny_model_dir, tiny_tokenizer, tmp_path, monkeypatch
+):
+    # The producer starts every group; had it died quietly, the trainer would wait forever.
+    from agentrl.train.loop import Controller
+
+    take = Controller._take
+    calls = []
+
+    async def take_then_fail(self, room):
+        calls.append(room)
+        if len(calls) > 1:
+            raise RuntimeError("the prompt selection broke")
+        return await take(self, room)
+
+    monkeypatch.setattr(Controller, "_take", take_then_fail)
+    config = _config(tiny_model_dir, tmp_path / "run", "steps=5", "max_staleness=0")
+    with pytest.raises(RuntimeError, match="the prompt selection broke"):
+        train(config, policy=_scripted(tiny_tokenizer))
+
+
 def test_a_resumed_run_counts_versions_on_and_keeps_staleness_in_its_bound(tiny_model_dir, tiny_tokenizer, tmp_path):
     run_dir = tmp_path / "run"
     common = ("max_staleness=2", "checkpoint_every=1", "resume=true", "groups_per_step=1", "trainer.micro_batch_size=4")

@@ -158,6 +158,8 @@ class Controller:
         self.samples.reward_args = dict(stage.reward)
         self.active = [lane for lane in training if lane.state.stage_step < stage.steps]
         producer = None if self.config.tail_batching else asyncio.create_task(self._produce())
+        if producer is not None:  # a producer that raised starts no group again: the lanes raise it
+            producer.add_done_callback(self._drained)
         try:
             if producer is None:
                 while self.active:  # every training policy steps on each round's groups
@@ -251,7 +253,7 @@ class Controller:
             self._probe = self.rollout.make_env()
         prompts = []
         for number in candidates:
-            observation, _ = await self._probe.areset(seed=group_env_seed(self.rollout.seed, number))
+            observation, _ = await self._probe.areset(seed=group_env_seed(self.rollout.settings.seed, number))
             prompts.append(self.rollout.agent.prompt_ids(observation))
         predictions = await asyncio.to_thread(self.curriculum.predict, prompts)
         kept = closest_to_target(predictions, need, self.curriculum.target)
@@ -261,8 +263,8 @@ class Controller:
         return [candidates[i] for i in kept]
 
     def _drained(self, task: asyncio.Task[None]) -> None:
-        """A chunk's stream ended. An exception there is a setup error (the env cannot be made,
-        say): kept, and raised by the lanes, which would otherwise wait for it forever."""
+        """A chunk's stream, or the producer, ended. An exception there (a setup error: the env
+        cannot be made, say) is kept and raised by the lanes, which would otherwise wait forever."""
         self._draining.discard(task)
         if not task.cancelled() and task.exception() is not None and self._drain_error is None:
             self._drain_error = task.exception()
