@@ -127,9 +127,15 @@ def test_calls_running_when_the_engine_is_closed_raise_engine_closed_not_a_cance
         await asyncio.to_thread(policy.close)
         with pytest.raises(EngineClosed, match="shut down while this call ran"):
             await running
+        # What comes after the close (a LoRA adapter of an engine a supervisor replaced) is told the
+        # engine is gone; sent to its stopped loop, it would wait forever.
+        with pytest.raises(EngineClosed, match="came after it"):
+            await asyncio.wait_for(policy.generate(prompt, Sampling(max_tokens=4)), timeout=10)
 
     try:
         asyncio.run(run())
+        with pytest.raises(EngineClosed, match="came after it"):
+            policy.ping()  # a supervisor's ping of it says so: dead, to be replaced
     finally:
         policy.close()
 

@@ -130,6 +130,7 @@ class VLLMPolicy:
         self._adapter_policies: set[str] = set()
         self._adapter_dirs: dict[int, str] = {}  # lora id -> its directory, deleted when unloaded or at close
         self.engine: Any = None
+        self._shut = False  # close() ran: calls from now on raise EngineClosed
         try:
             self.engine = self._call(self._start_engine())
         except BaseException:
@@ -142,9 +143,8 @@ class VLLMPolicy:
 
     def ping(self) -> None:
         """Return if the engine is alive; raise vLLM's ``EngineDeadError`` if its engine core died."""
-        engine = self.engine
-        if engine is not None and self._loop.is_running():  # closed: nothing to ask
-            asyncio.run_coroutine_threadsafe(engine.check_health(), self._loop).result(timeout=60)
+        engine = self._live()  # closed (a dead engine replaced): gone, as a dead one is
+        asyncio.run_coroutine_threadsafe(engine.check_health(), self._loop).result(timeout=60)
 
     def set_version(self, version: int) -> None:
         """Count versions on from ``version`` (a new engine that took over a dead one's weights)."""
@@ -188,9 +188,12 @@ class VLLMPolicy:
         request = LoRARequest(name, next(self._lora_ids), path)
         try:
             write_adapter_dir(path, config, tensors)
-            self._call(_unless_dead(self.engine, self.engine.add_lora(request)))
+            engine = self._live()
+            self._call(_unless_dead(engine, engine.add_lora(request)))
         except Exception as e:
             shutil.rmtree(path, ignore_errors=True)
+            if isinstance(e, EngineClosed) or type(e).__name__ == "EngineDeadError":
+                raise  # the engine is gone: not a refusal (a supervisor replaces it)
             raise ValueError(f"vLLM refused adapter {name!r}: {e}") from e
         self._adapter_dirs[request.lora_int_id] = path
         return request
@@ -228,31 +231,33 @@ class VLLMPolicy:
     async def join_weights(self, host: str, port: int, world: int, member: int) -> None:
         """Join a trainer's weight broadcast group as ``member`` (:mod:`agentrl.policies.broadcast`);
         every member must join at once."""
-        rpc = self.engine.collective_rpc("agentrl_join_weights", args=(host, port, world, member))
-        await self._on_loop(_unless_dead(self.engine, rpc))
+        engine = self._live()
+        rpc = engine.collective_rpc("agentrl_join_weights", args=(host, port, world, member))
+        await self._on_loop(_unless_dead(engine, rpc))
 
     async def leave_weights(self) -> None:
         """Leave the broadcast group (it is re-formed without an engine that died)."""
-        await self._on_loop(_unless_dead(self.engine, self.engine.collective_rpc("agentrl_leave_weights")))
+        await self._on_loop(_unless_dead(engine := self._live(), engine.collective_rpc("agentrl_leave_weights")))
 
     async def receive_weights(self, spec: Sequence[Any]) -> int:
         """Load the tensors of ``spec`` (:class:`~agentrl.policies.broadcast.TensorSpec`) that member 0 of
         the group broadcasts; return the new version."""
         plain = [[name, list(shape), dtype] for name, shape, dtype in spec]  # vLLM's RPC encoding takes lists
-        await self._on_loop(_unless_dead(self.engine, self._receive(plain)))
+        await self._on_loop(_unless_dead(self._live(), self._receive(plain)))
         return self._updated([], {})  # every tensor came; the next update from a file sends all
 
     async def sleep(self, level: int = 1) -> None:
         """vLLM's sleep mode (the engine must be started with ``enable_sleep_mode=True``, on a GPU):
         level 1 offloads the weights to host memory and drops the KV cache, freeing the device for a
         colocated trainer; requests must not be running."""
-        await self._on_loop(_unless_dead(self.engine, self.engine.sleep(level)))
+        await self._on_loop(_unless_dead(engine := self._live(), engine.sleep(level)))
 
     async def wake_up(self) -> None:
         """Undo :meth:`sleep`: weights back on the device, a fresh KV cache."""
-        await self._on_loop(_unless_dead(self.engine, self.engine.wake_up()))
+        await self._on_loop(_unless_dead(engine := self._live(), engine.wake_up()))
 
     def close(self) -> None:
+        self._shut = True
         engine, self.engine = self.engine, None
         if engine is not None and self._loop.is_running():
             done = asyncio.run_coroutine_threadsafe(_shut_down(engine), self._loop)
@@ -338,11 +343,25 @@ class VLLMPolicy:
         finally:
             _remove_dir(self._adapter_dirs.pop(adapter.lora_int_id, None))
 
+    def _live(self) -> Any:
+        """The engine; :class:`EngineClosed` once :meth:`close` ran. A caller still holding a closed
+        engine (an adapter of a dead engine that a supervisor replaced) learns it is gone, instead
+        of sending work to a loop that no longer runs and waiting for it forever."""
+        engine = self.engine
+        if engine is None or self._shut:
+            raise EngineClosed("the vLLM engine was shut down; this call came after it")
+        return engine
+
     async def _on_loop(self, coroutine: Any) -> Any:
         """Await ``coroutine`` on the engine's loop from the caller's. Cancelling the caller cancels the
         engine-side task (a request is then aborted); the engine shut down under it (:meth:`close`
         cancels what runs on its loop) raises :class:`EngineClosed` instead, which is not the caller's
         own cancellation and must not pass for it."""
+        try:
+            self._live()
+        except EngineClosed:
+            coroutine.close()
+            raise
         future = asyncio.run_coroutine_threadsafe(coroutine, self._loop)
         try:
             return await asyncio.wrap_future(future)
@@ -356,6 +375,9 @@ class VLLMPolicy:
     def _call(self, coroutine: Any) -> Any:
         if self._thread is threading.current_thread():
             raise RuntimeError("VLLMPolicy's blocking methods cannot run on the engine's own loop.")
+        if self._shut:  # its loop has stopped: what is sent there would never run
+            coroutine.close()
+            raise EngineClosed("the vLLM engine was shut down; this call came after it")
         try:
             return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
         except concurrent.futures.CancelledError:  # only close() cancels what runs on the loop
