@@ -214,7 +214,9 @@ class EngineSupervisor:
     async def _serving(self) -> tuple[Policy, int]:
         """The engine serving now and its version offset, once no new engine is being started."""
         while isinstance(current := self._current(), concurrent.futures.Future):
-            await asyncio.wrap_future(current)
+            # Shielded: a waiter cancelled (its episode abandoned) must not cancel the restart that
+            # every other waiter waits for, which would then raise CancelledError in their tasks.
+            await asyncio.shield(asyncio.wrap_future(current))
         return current
 
     def _serving_now(self) -> Policy:
@@ -300,7 +302,8 @@ class EngineSupervisor:
                 self.seconds_lost += time.perf_counter() - noticed
                 restarting, self._restarting = self._restarting, None
             assert restarting is not None
-            restarting.set_result(None)
+            if not restarting.done():
+                restarting.set_result(None)
 
 
 def _close_quietly(policy: Policy) -> None:
