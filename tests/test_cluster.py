@@ -547,9 +547,13 @@ class TestTwoNodes:
         fallbacks = [r for r in caplog.records if "weight broadcast failed" in r.getMessage()]
         assert len(fallbacks) <= 1, fallbacks  # only a sync the kill interrupted went through the object store
 
-    def test_a_full_weight_policy_trains_on_two_ranks_beside_a_lora_policy(self, two_nodes, tiny_model_dir, tmp_path):
+    @pytest.mark.parametrize("other", ["lora", "full"])
+    def test_a_full_weight_policy_trains_on_two_ranks_beside_another_policy(
+        self, two_nodes, tiny_model_dir, tmp_path, other
+    ):
         """A run of two policies: sayer_a's whole weights on the cluster's two trainer ranks and
-        its engine, sayer_b a LoRA adapter trained and served in this process."""
+        its engine; sayer_b a LoRA adapter trained and served in this process, or whole weights on
+        two ranks and an engine of its own (a placement of its own)."""
         import multi_env
 
         from agentrl.config import load_config
@@ -562,7 +566,7 @@ class TestTwoNodes:
             if not ranks:
                 ranks.extend(n for n in ray.util.list_named_actors() if "-rank-" in n)
 
-        policies = {"sayer_a": {"weights": "full"}, "sayer_b": {"weights": "lora"}}
+        policies = {"sayer_a": {"weights": "full"}, "sayer_b": {"weights": other}}
         config = load_config(
             TrainConfig,
             None,
@@ -574,7 +578,7 @@ class TestTwoNodes:
         )  # fmt: skip
         result = train(config, Progress(on_advance=note_ranks))
 
-        assert len(ranks) == 2, ranks
+        assert len(ranks) == (2 if other == "lora" else 4), ranks
         metrics = read_metrics(result.run_dir)
         a = [m for m in metrics if "train/sayer_a/loss" in m]
         b = [m for m in metrics if "train/sayer_b/loss" in m]
@@ -583,7 +587,13 @@ class TestTwoNodes:
         assert all(m["train/sayer_a/engine_logprob_gap"] <= 1e-4 for m in a), a
         assert a[-1]["fault/sayer_a/engines_lost"] == 0  # served behind the cluster's router
         assert (result.model_dir / "sayer_a" / "model.safetensors").exists()  # from rank 0's weights
-        assert (result.model_dir / "sayer_b" / "adapter_config.json").exists()
+        if other == "lora":
+            assert (result.model_dir / "sayer_b" / "adapter_config.json").exists()
+        else:  # its own ranks and engine, its own router: the same checks
+            assert [m["train/sayer_b/policy_version"] for m in b] == [1.0, 2.0]
+            assert all(m["train/sayer_b/engine_logprob_gap"] <= 1e-4 for m in b), b
+            assert b[-1]["fault/sayer_b/engines_lost"] == 0
+            assert (result.model_dir / "sayer_b" / "model.safetensors").exists()
         assert not [n for n in ray.util.list_named_actors() if "-rank-" in n]  # the cluster closed with the run
 
     def test_a_killed_engine_is_replaced_by_the_other_and_every_group_is_trained(

@@ -98,8 +98,10 @@ class ClusterConfig:
     """Trainer ranks and inference engines as Ray actors: the ``cluster:`` section (docs/distributed.md).
 
     Left out (``trainer_workers: 0``), the trainer runs in the ``agentrl train`` process and one engine
-    serves, as without Ray. In a run of several policies, the cluster trains its one trainable
-    ``weights: full`` policy; the LoRA policies train and play in this process. See :mod:`agentrl.train.placement` and :mod:`agentrl.trainers.ranks`."""
+    serves, as without Ray. In a run of several policies, each trainable ``weights: full`` policy gets
+    ranks and engines of its own as this section describes them (a placement group each); the LoRA
+    policies train and play in this process. See :mod:`agentrl.train.placement` and
+    :mod:`agentrl.trainers.ranks`."""
 
     trainer_workers: int = 0
     """Trainer ranks (``torch.distributed`` processes: gloo on the CPU, NCCL on GPUs); 0: no cluster."""

@@ -54,7 +54,8 @@ class Serving:
         self.config, self.policies, self.settings = config, policies, settings
         self.base_path = resolve_model(config.rollout.model)
         self.ray = RaySession(config.rollout.ray_address)
-        self.cluster: Any = None
+        self.clusters: dict[str, Any] = {}
+        """The trainer ranks and engines on Ray of each trainable ``weights: full`` policy, with ``cluster:``."""
         self.host: Policy | None = None
         """The engine of the LoRA policies and the frozen base."""
         self.lent = lent
@@ -78,8 +79,8 @@ class Serving:
                 if policy_id == on_lent:
                     self.own[policy_id] = lent  # type: ignore[assignment]
                 elif config.cluster.enabled and policies[policy_id].trainable:
-                    self.cluster = self._start_cluster(policy_id)
-                    self.own[policy_id] = self.cluster.policy
+                    self.clusters[policy_id] = self._start_cluster(policy_id)
+                    self.own[policy_id] = self.clusters[policy_id].policy
                 else:
                     self.own[policy_id] = self._supervised(policy_id)
         except BaseException:
@@ -119,13 +120,8 @@ class Serving:
         return EngineSupervisor(start, max_restarts=self.config.max_engine_restarts)
 
     def _start_cluster(self, policy_id: str) -> Any:
-        """``policy_id``'s trainer ranks and engines on Ray (:func:`agentrl.train.placement.start_cluster`)."""
-        if self.cluster is not None:
-            raise ConfigError(
-                "the cluster section trains one weights: full policy on trainer ranks; this run has more "
-                f"({sorted(p for p, s in self.policies.items() if s.weights == 'full' and s.trainable)}): give the "
-                "others weights: lora, or trainable: false."
-            )
+        """``policy_id``'s trainer ranks and engines on Ray (:func:`agentrl.train.placement.start_cluster`),
+        a placement of its own as ``cluster:`` describes it (each trainable ``weights: full`` policy gets one)."""
         from agentrl.train.placement import start_cluster  # imports Ray, an optional dependency
 
         config = self.config
@@ -147,8 +143,8 @@ class Serving:
 
     def trainer(self, policy_id: str) -> TrainerLike:
         """``policy_id``'s trainer: the cluster's ranks, or a :class:`Trainer` in this process."""
-        if self.cluster is not None and self.own.get(policy_id) is self.cluster.policy:
-            return self.cluster.trainer  # type: ignore[no-any-return]
+        if policy_id in self.clusters:
+            return self.clusters[policy_id].trainer  # type: ignore[no-any-return]
         config = self.config
         return build_trainer(
             self.model_path(policy_id), self.settings[policy_id], self.tokenizer, device=config.device,
@@ -192,7 +188,7 @@ class Serving:
     def close(self) -> None:
         lent = [self.lent] if self.lent is not None else []
         closing = [
-            p for p in self.own.values() if p not in lent and (self.cluster is None or p is not self.cluster.policy)
+            p for p in self.own.values() if p not in lent and all(p is not c.policy for c in self.clusters.values())
         ]
         closing += self.adapters if self.host is self.lent else [self.host] if self.host is not None else []
         for policy in closing:
@@ -200,8 +196,8 @@ class Serving:
                 policy.close()
             except Exception as e:  # one engine failing to close must not keep the others open
                 log.warning("closing an engine failed: %s", e)
-        if self.cluster is not None:
-            self.cluster.close()
+        for cluster in reversed(list(self.clusters.values())):  # the first started Ray: it shuts it down last
+            cluster.close()
         self.ray.close()
 
 
