@@ -305,8 +305,7 @@ def test_broken_plugin_warns_but_agentrl_still_works(broken_plugin, tmp_path):
     assert "could not load the agentrl.commands entry point 'broken-words'" in help_text.stderr
     assert "'train' (agentrl_test_broken:train) names a command agentrl has" in help_text.stderr
     assert "broken-words" not in help_text.stdout and "Traceback" not in help_text.stderr
-    train_help = fresh(agentrl_cli("train", "--help"), tmp_path)  # the built-in, not the plugin's
-    assert train_help.returncode == 0 and "TrainConfig" in train_help.stdout
+    assert "Train a policy on an env" in help_text.stdout  # the built-in train, not the plugin's
 
 
 def test_plugin_command_is_on_the_command_line(echo_plugin, tmp_path):
@@ -346,7 +345,7 @@ def test_gymnasium_style_plugin_envs_are_made_and_played_by_the_rollout_engine(g
         import agentrl
         from agentrl.agents import ChatAgent
         from agentrl.env import as_agent_env
-        from agentrl.rollout import SingleAgentRollout
+        from agentrl.rollout import RolloutSettings, SingleAgentRollout
         from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
 
         seen = {"imported_before_make": "agentrl_test_gymstyle" in sys.modules}
@@ -357,7 +356,7 @@ def test_gymnasium_style_plugin_envs_are_made_and_played_by_the_rollout_engine(g
             agent = ChatAgent.from_env(tokenizer, as_agent_env(env))
             policy = ScriptedPolicy(tokenizer, lambda prompt: prompt.split("Say ")[-1].split(".")[0])
             make_env = lambda: as_agent_env(agentrl.make(env_id))
-            engine = SingleAgentRollout(make_env, agent, policy, env_id=env_id, group_size=2)
+            engine = SingleAgentRollout(make_env, agent, policy, RolloutSettings(env_id, group_size=2))
             trajectories = asyncio.run(engine.collect(num_groups=2))
             engine.close()
             seen[env_id] = [(t.error, t.reward) for t in trajectories]

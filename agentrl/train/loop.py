@@ -399,6 +399,9 @@ class Controller:
                     more = await self._take(missing)  # groups lost to failed episodes: replacements
                     numbers += more
                     rounds.append(asyncio.create_task(self._drain(more)))
+            # The long tail is what runs when the batches are full; one finishing while the round is
+            # cancelled below is still the tail, not a group finished but unneeded.
+            tail = {number for number in numbers if number in self.arrived}
         finally:
             for task in rounds:
                 task.cancel()
@@ -408,11 +411,12 @@ class Controller:
         aborted = []
         for number in numbers:
             group_id = self.rollout.group_id(number)
-            if number in self.arrived:  # still running: the long tail, replayed in a long round
+            if number in tail:  # was still running: the long tail, replayed in a long round
                 for lane in lanes:
                     lane.buffer.abort(group_id)
                     lane.start_versions.pop(number, None)
-                del self.arrived[number]
+                if self.arrived.pop(number, None) is None:  # it finished as the round was cancelled
+                    self.state.finished_groups.remove(number)
                 queue.append(number)
                 aborted.append(number)
                 continue
