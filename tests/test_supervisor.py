@@ -99,6 +99,28 @@ def test_deaths_are_told_by_name_through_the_chain():
     assert not engine_died(RuntimeError("a bad request")) and not engine_died(TimeoutError())
 
 
+def test_a_request_cancelled_while_waiting_for_the_new_engine_leaves_the_others_waiting():
+    # An abandoned episode's request gives up its wait; the restart, and every other request
+    # waiting for it, go on (a cancelled shared wait once cancelled them all, and the run hung).
+    gate = threading.Event()
+    factory = Factory(gate)
+    policy = EngineSupervisor(factory, max_restarts=1, watch_every=0)
+
+    async def scenario():
+        factory.engines[0].dead = True
+        with pytest.raises(EngineDeadError):
+            await policy.generate([1], SAMPLING)  # the death: a new engine starts, held at the gate
+        waiting = [asyncio.create_task(policy.generate([1], SAMPLING)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        waiting[0].cancel()
+        await asyncio.gather(waiting[0], return_exceptions=True)
+        gate.set()
+        return await asyncio.wait_for(waiting[1], 10)
+
+    generation = asyncio.run(scenario())
+    assert generation.token_ids == [1] and policy.restarts == 1 and len(factory.engines) == 2
+
+
 def test_a_death_fails_the_running_requests_and_a_new_engine_serves_the_last_weights_at_the_same_version():
     factory = Factory()
     policy = EngineSupervisor(factory, max_restarts=2)

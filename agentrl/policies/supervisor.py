@@ -302,8 +302,7 @@ class EngineSupervisor:
                 self.seconds_lost += time.perf_counter() - noticed
                 restarting, self._restarting = self._restarting, None
             assert restarting is not None
-            if not restarting.done():
-                restarting.set_result(None)
+            restarting.set_result(None)
 
 
 def _close_quietly(policy: Policy) -> None:
