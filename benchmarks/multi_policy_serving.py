@@ -1,6 +1,7 @@
 """Multi-policy serving: N policies as LoRA adapters of one vLLM engine against one engine per policy.
 
     python benchmarks/multi_policy_serving.py --quick      # smoke test: tiny model, 2 policies, about 2 minutes
+    python benchmarks/multi_policy_serving.py --quick --policies 1   # the test suite's: 2 engines, not 4
     python benchmarks/multi_policy_serving.py              # SmolLM2-135M-Instruct, 2 and 4 policies, about 6.5 minutes
     python benchmarks/multi_policy_serving.py --policies 2 --prompts 8 --max-tokens 32
 
@@ -15,7 +16,7 @@ different seed per policy, so no adapter is a no-op). They are served two ways, 
 
 and, as the memory reference, **one engine**: a single plain engine holding policy 0's merged
 weights, serving every request of the largest N on its own (its tokens/s is also the no-LoRA
-ceiling of one engine). Each setting runs in a fresh child process of this script, so that nothing
+ceiling of one engine; with N = 1 it is the separate setting, run once). Each setting runs in a fresh child process of this script, so that nothing
 is left over from the previous one; its engines are closed before the next setting starts.
 
 The workload is the same in every setting: ``--prompts`` distinct chat prompts per policy, all of
@@ -264,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, 2 policies, 4 prompts x 8 tokens")
     parser.add_argument("--model", default="default", help="default (SmolLM2-135M-Instruct) or a checkpoint dir")
-    parser.add_argument("--policies", default="2,4", help="comma-separated policy counts N")
+    parser.add_argument("--policies", help="comma-separated policy counts N (2,4; 2 with --quick)")
     parser.add_argument("--prompts", type=int, default=16, help="requests per policy")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (vLLM takes 1, 8, 16, 32, 64, ...)")
@@ -279,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(spec["out"]).write_text(json.dumps(serve(spec)))
         return 0
     if args.quick:
-        args.policies, args.prompts, args.max_tokens, args.rank, args.max_model_len = "2", 4, 8, 8, 512
+        args.prompts, args.max_tokens, args.rank, args.max_model_len = 4, 8, 8, 512
+    args.policies = args.policies or ("2" if args.quick else "2,4")
     counts = sorted({int(n) for n in args.policies.split(",")})
     if not counts or counts[0] < 1:
         parser.error(f"--policies takes policy counts of at least 1, got {args.policies!r}")
@@ -309,11 +311,14 @@ def main(argv: list[str] | None = None) -> int:
             mine = [prompts[i * args.prompts : (i + 1) * args.prompts] for i in range(n)]
             return {**base, "setting": setting, "policies": files[:n], "prompts": mine}
 
-        runs = [("single", 1)] + [(setting, n) for n in counts for setting in ("separate", "adapters")]
+        runs = [(setting, n) for n in counts for setting in ("separate", "adapters")]
+        if counts[-1] > 1:  # else one engine serving every request of the largest N is separate x1
+            runs.insert(0, ("single", 1))
         results = {}
         for setting, n in runs:
             print(f"running {setting} x{n}", flush=True)
             results[setting, n] = run_setting(spec(setting, n), root, args.timeout)
+        results.setdefault(("single", 1), results.get(("separate", 1)))
 
     report(results, counts, args, label, load)
     return 0

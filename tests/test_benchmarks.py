@@ -197,16 +197,20 @@ def test_train_async_vs_sync_quick_run_prints_its_table(capsys):
 @pytest.mark.engine
 @pytest.mark.e2e  # each setting in a child process
 def test_multi_policy_serving_quick_run_prints_its_table(capsys):
-    """Starts four tiny vLLM engines (one alone, two side by side, one with two adapters): slow."""
+    """One policy: two tiny vLLM engines (one plain, one serving an adapter), not the four of two
+    policies; two engines side by side in one process are tests/test_faults.py's multi-policy run's."""
     head = (BENCHMARKS / "multi_policy_serving.py").read_text().splitlines()[:6]
-    assert any(line.strip().startswith("python benchmarks/multi_policy_serving.py --quick") for line in head)
-    assert load("multi_policy_serving").main(["--quick"]) == 0
+    assert any(
+        line.strip().startswith("python benchmarks/multi_policy_serving.py --quick --policies 1") for line in head
+    )
+    assert load("multi_policy_serving").main(["--quick", "--policies", "1"]) == 0
     out = capsys.readouterr().out
+    assert out.count("running ") == 2  # with one policy the one engine is the separate setting
     for row in (
         "one engine, full weights",
         "separate engines, full weights",
         "LoRA adapters, one engine",
-        "2 policies: adapters / separate engines",
+        "1 policies: adapters / separate engines",
         "adapters' RSS / one engine's",
     ):
         assert row in out

@@ -434,16 +434,13 @@ def test_a_full_weight_policy_on_vllm_sends_step_ones_changes_alone_and_the_engi
 
 
 @pytest.mark.e2e
-def test_kill_9_and_resume_loses_and_repeats_no_batch_of_any_policy(tiny_model_dir, tmp_path):
-    kill_9_and_resume(tiny_model_dir, tmp_path, {})
-
-
-@pytest.mark.e2e
 @pytest.mark.ray
 def test_kill_9_and_resume_of_a_two_policy_run_on_ray_loses_and_repeats_no_batch(ray_cluster, tiny_model_dir, tmp_path):
-    # The run joins the session's two-node cluster: an env worker per node plays the episodes, each
-    # agent's turns going to its policy's actor by name. Its actors die with it (their owner), and
-    # the resumed run starts new ones.
+    # The multi-policy kill -9 (the same run with local env workers was a test of its own, checking
+    # the same ledger the same way; tests/trainers/test_train_job.py kills a local run): the run joins
+    # the session's two-node cluster, an env worker per node plays the episodes, each agent's turns
+    # going to its policy's actor by name. Its actors die with it (their owner); the resumed run
+    # starts new ones.
     import ray
 
     address, _ = ray_cluster

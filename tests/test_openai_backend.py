@@ -56,7 +56,7 @@ def serve_command(model_dir: Path, port: int) -> list[str]:
         "--host", "127.0.0.1",
         "--port", str(port),
         "--dtype", "float32",
-        "--max-model-len", "4096",  # room for the long request the cancellation test aborts
+        "--max-model-len", "32768",  # room for the long request the cancellation test aborts
         "--enforce-eager",
         "--logprobs-mode", "processed_logprobs",  # the sampled distribution's, as the vllm and hf backends report
         "--seed", "0",
@@ -73,7 +73,9 @@ def server(tiny_model_dir, tmp_path_factory):
     """A real OpenAI-compatible vLLM server on the tiny model; yields its base URL."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # The tiny model's config says 4096 positions; the cancellation test's request is longer (random
+    # weights: positions past the config's mean nothing less than those before them).
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             serve_command(tiny_model_dir, port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -136,7 +138,7 @@ def generate_all(policy, prompt, samplings):
 
 def test_generate_gives_exact_token_ids_and_sampling_logprobs(policy, reference, tiny_model_dir):
     assert isinstance(policy, Policy)
-    assert policy.model == str(tiny_model_dir) and policy.max_model_len == 4096 and policy.version == 0
+    assert policy.model == str(tiny_model_dir) and policy.max_model_len == 32768 and policy.version == 0
     text = policy.tokenizer.apply_chat_template(
         [{"role": "user", "content": "What is 2 + 3?"}], add_generation_prompt=True, tokenize=False
     )
@@ -189,6 +191,10 @@ async def wait_until(condition, limit: float) -> float:
     return time.monotonic() - start
 
 
+# Long enough to outlast a poll of /metrics: under the suite's load one took longer than 4000 tokens.
+LONG = 30_000
+
+
 def test_a_cancelled_request_is_aborted_on_the_server(policy, server):
     prompt = policy.tokenizer.encode("Count to a thousand:")
 
@@ -203,7 +209,7 @@ def test_a_cancelled_request_is_aborted_on_the_server(policy, server):
             # poll sees it run: then start another request (a few tries), not a failure.
             for _ in range(5):
                 tokens_before = await server_metric(client, server, "vllm:generation_tokens_total")
-                request = asyncio.ensure_future(policy.generate(prompt, Sampling(max_tokens=4000, stop_token_ids=())))
+                request = asyncio.ensure_future(policy.generate(prompt, Sampling(max_tokens=LONG, stop_token_ids=())))
 
                 async def started_or_done(request=request):
                     return request.done() or await running(1)
@@ -217,12 +223,12 @@ def test_a_cancelled_request_is_aborted_on_the_server(policy, server):
             with pytest.raises(asyncio.CancelledError):
                 await request
             # Judged by tokens, not seconds: a request left running on the server would have made all
-            # of its 4000 tokens before leaving it; an aborted one stops where it was cancelled.
+            # of its tokens before leaving it; an aborted one stops where it was cancelled.
             generated = await server_metric(client, server, "vllm:generation_tokens_total") - tokens_before
         return generated, await policy.generate(prompt, Sampling(max_tokens=4))
 
     generated, generation = asyncio.run(run())
-    assert 0 < generated < 4000
+    assert 0 < generated < LONG
     assert 1 <= len(generation.token_ids) <= 4
 
 

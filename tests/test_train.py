@@ -184,6 +184,11 @@ def test_a_fault_in_the_weight_sync_after_a_checkpointed_step_does_not_cost_the_
         json.loads(sorted((run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
     )
     assert state["step"] == 2 and sorted(state["trained_groups"]) == [0, 1, 2, 3]
+    # the saved step's row is written though its sync failed (a resume does not make it again),
+    # with the version that sync was to make
+    rows = _steps(run_dir)
+    assert [m["step"] for m in rows] == [1, 2]
+    assert rows[1]["train/policy_version"] == rows[0]["train/policy_version"] + 1
     result = train(_config(tiny_model_dir, run_dir, "steps=4", *common), policy=_scripted(tiny_tokenizer))
     assert result.steps == 4
     by_step = {b["step"]: b["groups"] for b in _batches(run_dir)}
@@ -191,6 +196,7 @@ def test_a_fault_in_the_weight_sync_after_a_checkpointed_step_does_not_cost_the_
     trained = [g for step in sorted(by_step) for g in by_step[step]]
     assert len(trained) == len(set(trained)) == 8  # step 2 was not re-done, nothing was trained twice
     assert [b["step"] for b in _batches(run_dir)] == [1, 2, 3, 4]
+    assert [m["step"] for m in _steps(run_dir)] == [1, 2, 3, 4]
 
 
 def test_the_hf_policy_learns_through_the_controller(tiny_model_dir, tmp_path):

@@ -19,7 +19,7 @@ from agentrl.cli.common import (
 )
 from agentrl.cli.plugins import eval_reports
 from agentrl.cli.progress import LineProgress, progress_bars
-from agentrl.config import load_config
+from agentrl.config import RolloutConfig, load_config
 from agentrl.registry import is_multiagent
 
 
@@ -67,12 +67,11 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
     # the CPU, LD_PRELOAD advice); the progress bar and the table are what a person reads. A user
     # who wants them sets VLLM_LOGGING_LEVEL.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from agentrl.run import RolloutConfig, rollout  # torch and transformers: not for `agentrl --help`
-
     given = [f"{k}={v}" for k, v in options.items() if v is not None]
     config = load_config(RolloutConfig, config_path, [f"env_id={env_id}", *given, *overrides])
     if not is_multiagent(config.env_id):  # a multi-agent env plays with one shared policy (mapping "all")
-        agentrl.spec(config.env_id)  # an unknown env fails now, before the engine starts
+        agentrl.spec(config.env_id)  # an unknown env fails now, in half a second, before torch is imported
+    from agentrl.run import rollout  # torch and transformers: not for `agentrl --help` or a typo
     total = config.episodes + config.redundancy * (config.episodes // config.group_size)
     played = failed = 0
 

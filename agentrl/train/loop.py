@@ -462,7 +462,13 @@ class Controller:
             await self.acheckpoint()
         async with lane.lock:
             synced = time.perf_counter()
-            version = await lane.policy.aupdate_weights(lane.weights())
+            try:
+                version = await lane.policy.aupdate_weights(lane.weights())
+            except BaseException:
+                # The step is saved and a resume does not train it again: its row and samples are
+                # written now, with the version the sync was to make, or never.
+                self._record_step(lane, metrics, groups, lane.buffer.version + 1, rollout_seconds)
+                raise
             metrics["perf/time_sync"] = time.perf_counter() - synced
             lane.buffer.set_version(version)
             lane.window.trained(len(groups))
@@ -470,20 +476,32 @@ class Controller:
             lane.state.policy_version = version + lane.version_offset
         if finishing and lane in self.active:
             self.active.remove(lane)
-        metrics.update(self._batch_metrics(lane, trajectories, version))
-        metrics.update(self._fault_metrics(lane))
-        metrics["perf/time_rollout"] = rollout_seconds
-        metrics["perf/time_step"] = rollout_seconds + metrics["perf/time_train"] + metrics["perf/time_sync"]
-        metrics["perf/tokens_per_s"] = sum(t.num_generated for t in trajectories) / metrics["perf/time_step"]
-        if len(self.stages) > 1:
-            metrics["train/stage"] = float(self.state.stage)
-        self.metrics.log(lane.state.step, self._named(metrics, lane))
-        self._write_samples(lane, groups)
+        self._record_step(lane, metrics, groups, version, rollout_seconds)
         self.progress.on_advance(metrics)
         if self.config.eval_every and lane.state.step % self.config.eval_every == 0 and self.active:
             await self._evaluate()
         async with self.changed:
             self.changed.notify_all()
+
+    def _record_step(
+        self,
+        lane: Lane,
+        metrics: dict[str, float],
+        groups: list[list[Trajectory]],
+        version: int,
+        rollout_seconds: float,
+    ) -> None:
+        """Complete a step's ``metrics`` (its batch, faults, times) and write its row and samples."""
+        trajectories = [t for group in groups for t in group]
+        metrics.update(self._batch_metrics(lane, trajectories, version))
+        metrics.update(self._fault_metrics(lane))
+        metrics["perf/time_rollout"] = rollout_seconds
+        metrics["perf/time_step"] = rollout_seconds + metrics["perf/time_train"] + metrics.get("perf/time_sync", 0.0)
+        metrics["perf/tokens_per_s"] = sum(t.num_generated for t in trajectories) / metrics["perf/time_step"]
+        if len(self.stages) > 1:
+            metrics["train/stage"] = float(self.state.stage)
+        self.metrics.log(lane.state.step, self._named(metrics, lane))
+        self._write_samples(lane, groups)
 
     def _named(self, metrics: dict[str, float], lane: Lane) -> dict[str, float]:
         """``metrics`` as the run logs them: as they are for one lane, per policy for several."""
