@@ -72,6 +72,7 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
     if not is_multiagent(config.env_id):  # a multi-agent env plays with one shared policy (mapping "all")
         agentrl.spec(config.env_id)  # an unknown env fails now, in half a second, before torch is imported
     from agentrl.run import rollout  # torch and transformers: not for `agentrl --help` or a typo
+
     total = config.episodes + config.redundancy * (config.episodes // config.group_size)
     played = failed = 0
 
