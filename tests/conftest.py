@@ -55,6 +55,9 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 # (its subprocesses' too) get a core of their own, so two heavy tests do not share one core.
 if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw") and (os.cpu_count() or 1) > 1:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", str(int(os.environ["PYTEST_XDIST_WORKER"][2:]) % os.cpu_count()))
+    # Each worker's torch (and the interpreters and Ray actors it starts) on one thread: the workers
+    # already keep every core busy, and two threads each on a shared core only wait for each other.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 # --- tiers: markers, order, timeouts ----------------------------------------------------------------
