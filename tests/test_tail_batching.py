@@ -17,9 +17,11 @@ from agentrl.train import train
 
 
 class SlowOnBbb(ScriptedPolicy):
-    """Replies at once, except to 'Say bbb' prompts, which take ``slow`` seconds: the long tail."""
+    """Replies at once, except to 'Say bbb' prompts, which take ``slow`` seconds: the long tail. Two
+    seconds, so that the other episodes end first however busy the machine is (at 0.4 s a loaded
+    machine once ran them as slowly and no group was left to abort); an aborted one costs nothing."""
 
-    def __init__(self, tokenizer: Any, slow: float = 0.4):
+    def __init__(self, tokenizer: Any, slow: float = 2.0):
         super().__init__(tokenizer, lambda prompt: "b" * (1 + self.calls % 3) + "a")
         self.slow = slow
         self.prompts: dict[int, str] = {}
