@@ -385,7 +385,8 @@ def read_metrics(run_dir: str | Path, *, raw: bool = False) -> list[dict[str, An
     values of the run that the final checkpoints descend from. In a multi-policy run each policy
     counts its own steps, so this is judged per policy: a line's ``<kind>/<policy id>/<name>``
     values are compared with that policy's earlier lines and only that policy's later values are
-    dropped; names without a policy form one more such stream. A torn last line (the writer was
+    dropped; each family of ``env/...`` names (``env/<env id>/<policy>/labels/...``) is judged so
+    too, and the other names without a policy form one more such stream. A torn last line (the writer was
     killed mid-line) is skipped. ``null`` values read as ``None``.
 
     Args:
@@ -427,7 +428,7 @@ def read_metrics(run_dir: str | Path, *, raw: bool = False) -> list[dict[str, An
 
 def _merge_steps(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     merged: dict[int, dict[str, Any]] = {}
-    previous: dict[str | None, int] = {}  # the last step of each stream: a policy id, None for the rest
+    previous: dict[str | None, int] = {}  # the last step of each stream: a policy id, an env family, None for the rest
     for entry in entries:
         step = entry["step"]
         for stream in {_stream(name) for name in entry if name not in _RESERVED} or {None}:
@@ -444,9 +445,13 @@ def _merge_steps(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _stream(name: str) -> str | None:
-    """The policy whose step counter a logged name follows; None for names of the whole run."""
+    """The step counter a logged name follows: its policy's; for ``env/...`` its family's (the name
+    without its last part: a ``metrics_fn``'s names carry the policy there in a run of several);
+    None for the other names of the whole run."""
     split = split_policy_metric(name)
-    return split[0] if split is not None else None
+    if split is not None:
+        return split[0]
+    return name.rpartition("/")[0] if name.startswith("env/") else None
 
 
 def _repair_torn_tail(path: Path) -> bool:

@@ -6,7 +6,8 @@
     plot_run("runs/calc", out=Path("calc.png"))
 
 One panel per family of metrics the run logged (reward, success rate, loss, KL, entropy, clip
-fraction, staleness, tokens/s, seconds per phase), three panels to a row. Rollout metrics are
+fraction, staleness, tokens/s, seconds per phase, then each family of ``env/...`` names a
+``metrics_fn`` reported), three panels to a row. Rollout metrics are
 lines; evaluation metrics (``eval/…``, typically logged before training, every few steps and at the
 last step) are drawn as labelled markers on the same panels, so "before" and "after" read off the
 picture. A ``null`` value (a NaN that was logged) leaves a gap in its line.
@@ -55,6 +56,8 @@ class Panel:
     """Also draw every ``env/<env id>/<env_suffix>`` the run logged, one line per env."""
     ylim: tuple[float, float] | None = None
     """Fixed y range (rates), so a flat curve is not stretched to fill the panel."""
+    per_policy: bool = True
+    """Also draw each policy's value of the lines and markers (fixed names only)."""
 
 
 PANELS: tuple[Panel, ...] = (
@@ -99,7 +102,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         ) from None
     if not entries:
         raise ValueError(f"{run_dir / METRICS_FILE} is empty: the run has not logged any metrics yet.")
-    panels = [(panel, series) for panel in PANELS if (series := _panel_series(panel, entries))]
+    panels = [(panel, series) for panel in (*PANELS, *env_panels(entries)) if (series := _panel_series(panel, entries))]
     if not panels:
         names = sorted({name for entry in entries for name in entry} - {"step", "time"})
         raise ValueError(
@@ -136,11 +139,35 @@ class _Series:
     as_markers: bool
 
 
+def env_panels(entries: list[dict[str, Any]]) -> list[Panel]:
+    """A panel per family of the ``env/...`` names the run logged (a ``metrics_fn``'s report:
+    ``env/agentrl/Waltz-v0/feedback/labels/...``), each name a line labelled with its last part,
+    on a 0-1 axis when every value is a share. ``.../success_rate`` is the success panel's."""
+    families: dict[str, list[str]] = {}
+    for entry in entries:
+        for name in entry:
+            if name.startswith("env/") and not name.endswith("/success_rate"):
+                family = name.rpartition("/")[0]
+                if name not in families.setdefault(family, []):
+                    families[family].append(name)
+    panels = []
+    for family, names in families.items():
+        values = [entry[n] for entry in entries for n in names if entry.get(n) is not None]
+        shares = all(0.0 <= v <= 1.0 for v in values)
+        panels.append(
+            Panel(family.removeprefix("env/"), tuple(names), ylim=(-0.05, 1.05) if shares else None, per_policy=False)
+        )
+    return panels
+
+
 def _panel_series(panel: Panel, entries: list[dict[str, Any]]) -> list[_Series]:
     # (logged name, label, as markers): the plain names, each policy's value of them, then the envs'.
     policies = list(
         dict.fromkeys(split[0] for entry in entries for name in entry if (split := split_policy_metric(name)))
     )
+    if not panel.per_policy:
+        names = [(name, name.rpartition("/")[2], False) for name in panel.lines]
+        return _series(names, entries)
     names = [(name, name, False) for name in panel.lines]
     names += [(policy_metric(name, p), _policy_label(name, p), False) for name in panel.lines for p in policies]
     if panel.env_suffix is not None:
@@ -149,6 +176,10 @@ def _panel_series(panel: Panel, entries: list[dict[str, Any]]) -> list[_Series]:
         names += [(name, name, False) for name in env_names]
     names += [(name, name, True) for name in panel.markers]
     names += [(policy_metric(name, p), _policy_label(name, p), True) for name in panel.markers for p in policies]
+    return _series(names, entries)
+
+
+def _series(names: list[tuple[str, str, bool]], entries: list[dict[str, Any]]) -> list[_Series]:
     series = []
     for name, label, as_markers in names:
         points = [(entry["step"], entry[name]) for entry in entries if name in entry]

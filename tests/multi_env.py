@@ -79,6 +79,14 @@ def first_turn_only(episode: dict[str, Any]) -> list[Any]:
     return [first_turns(t, 1) for t in episode.values()]
 
 
+def count_report(policy_id: str, samples: list[Any], previous: list[Any], scale: float = 1.0) -> dict[str, float]:
+    """A report of each step (a test of metrics_fn): its samples (times ``scale``) and how many
+    reports of the policy came before; sayer_b's turn count is no number, so its report fails."""
+    if policy_id == "sayer_b" and previous:
+        return {"batch/turns": "many"}  # type: ignore[dict-item]
+    return {"batch/samples": scale * len(samples), "batch/previous": float(len(previous))}
+
+
 def flat_for_sayer_a(episode: dict[str, Any]) -> dict[str, float]:
     """sayer_a's every episode scores 1 (its groups carry no signal: a test of the filter
     curriculum); sayer_b keeps the env's rewards."""

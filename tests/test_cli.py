@@ -556,6 +556,33 @@ def test_train_summary_has_one_block_of_rows_per_policy(capsys):
     assert text.count("├") == 1  # a rule between the two blocks
 
 
+def test_train_summary_shows_what_the_metrics_fn_reported_at_the_first_and_last_step(capsys, tmp_path):
+    from types import SimpleNamespace
+
+    from agentrl.cli.train import _print_train_summary
+    from agentrl.metrics import MetricsLogger
+
+    prefix = "env/agentrl/Waltz-v0/feedback"
+    with MetricsLogger(tmp_path) as logger:
+        for step, accuracy in ((1, 0.25), (2, 0.5), (3, 0.75)):
+            logger.log(step, {"train/feedback/loss": 1.0, f"{prefix}/labels/accuracy": accuracy})
+        logger.log(2, {f"{prefix}/outcomes/fixed": 0.5})  # only step 2 had a revision
+    config = SimpleNamespace(
+        rollout=SimpleNamespace(env_id="agentrl/Waltz-v0", model="tiny"),
+        trainer=SimpleNamespace(algorithm="reinforce_pp"),
+        metrics_fn="agentrl.recipes.waltzrl.hooks:waltz_step_metrics",
+    )
+    result = SimpleNamespace(steps=3, run_dir=tmp_path, model_dir=None, plot=None, eval_before=None, eval_after=None)
+    _print_train_summary(config, result)
+    out = capsys.readouterr().out
+    rows = [" ".join(line.strip("│ ").split()) for line in out.splitlines() if line.startswith("│")]
+    assert rows == [
+        "feedback/labels/accuracy │ 0.25 (step 1) │ 0.75 (step 3)",
+        "feedback/outcomes/fixed │ 0.5 (step 2) │ 0.5 (step 2)",
+    ]
+    assert "held-out evaluation: off" in out
+
+
 def test_train_summary_of_a_single_policy_run_has_the_plain_rows(capsys):
     before, after = {"eval/success_rate": 0.5}, {"eval/success_rate": 1.0, "eval/episodes": 4}
     for fields in ({}, {"policies": []}):  # a TrainResult from before the field, and one with it empty

@@ -94,9 +94,14 @@ def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_
     def agentrl(*args: str) -> SimpleNamespace:
         return _agentrl(*args)
 
-    agentrl("train", str(config), *small)
+    out = agentrl("train", str(config), *small).stdout
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["train/feedback/stage"] for m in lines if "train/feedback/loss" in m] == [0.0, 1.0]
+    # the recipe's metrics_fn: each feedback step reports its verdicts, and the summary shows them
+    reported = [m for m in lines if "train/feedback/loss" in m]
+    assert all("env/agentrl/Waltz-v0/feedback/verdicts/same_steps" in m for m in reported), reported
+    assert "training batches, as agentrl.recipes.waltzrl.hooks:waltz_step_metrics reports them" in " ".join(out.split())
+    assert "feedback/verdicts/same_steps" in out, out
     assert [m["train/conversation/stage"] for m in lines if "train/conversation/loss" in m] == [1.0]
     for agent in ("conversation", "feedback"):
         assert (run_dir / "model" / agent / "adapter_config.json").exists()

@@ -227,6 +227,25 @@ def test_each_policy_counts_its_own_steps_and_resumes_on_its_own(tmp_path):
     assert [e.get("train/trader_0/loss") for e in entries] == [None, 1, 30]
 
 
+def test_each_family_of_env_names_counts_its_own_steps(tmp_path):
+    # A metrics_fn's report of two policies: env/<env id>/<policy>/<family>/<name>, each family on its
+    # policy's step counter. The conversation's step 1 after feedback's step 3 is no resume; the
+    # feedback's step 2 after that is one, for its family only.
+    feedback, conversation = "env/agentrl/Waltz-v0/feedback/labels", "env/agentrl/Waltz-v0/conversation/answers"
+    with MetricsLogger(tmp_path) as logger:
+        for step in range(1, 4):
+            logger.log(step, {f"{feedback}/accuracy": step / 10})
+        logger.log(1, {f"{conversation}/unsafe": 0.5})
+    entries = read_metrics(tmp_path)
+    assert [e.get(f"{feedback}/accuracy") for e in entries] == [0.1, 0.2, 0.3]
+    assert [e.get(f"{conversation}/unsafe") for e in entries] == [0.5, None, None]
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(2, {f"{feedback}/accuracy": 0.9})
+    entries = read_metrics(tmp_path)
+    assert [e.get(f"{feedback}/accuracy") for e in entries] == [0.1, 0.9]
+    assert entries[0][f"{conversation}/unsafe"] == 0.5
+
+
 def test_non_finite_values_are_null_and_warned_once_per_name(tmp_path):
     with MetricsLogger(tmp_path) as logger:
         with pytest.warns(MetricsWarning) as record:

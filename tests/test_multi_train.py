@@ -248,19 +248,32 @@ def test_a_fault_in_a_policys_weight_sync_after_a_checkpointed_step_does_not_cos
             assert [b["step"] for b in _batches(run_dir) if b["policy"] == policy] == [1, 2, 3]
 
 
-def test_reward_and_samples_hooks_shape_what_each_policy_trains_on(tiny_model_dir, tmp_path):
+def test_reward_samples_and_metrics_hooks_shape_what_each_policy_trains_on_and_reports(
+    tiny_model_dir, tmp_path, caplog
+):
     config = _config(
         tiny_model_dir,
         tmp_path / "run",
-        "steps=1",
+        "steps=2",
         "reward_fn=multi_env:reward_other",
         "samples_fn=multi_env:first_turn_only",
+        "metrics_fn=multi_env:count_report",
+        "metrics_args={scale: 0.5}",
         policies=FULL,
     )
     result = train(config)
     for policy in POLICIES:
-        (step,) = _steps(result.run_dir, policy)
-        assert step[f"rollout/{policy}/turns_mean"] == 1.0  # cut to its first turn by samples_fn
+        steps = _steps(result.run_dir, policy)
+        assert [m[f"rollout/{policy}/turns_mean"] for m in steps] == [1.0, 1.0]  # cut to its first turn by samples_fn
+    # metrics_fn's report, under env/<env id>/<policy>/: 2 groups of 4 samples a step, times scale
+    a = [m for m in read_metrics(result.run_dir) if "train/sayer_a/loss" in m]
+    family = f"env/{multi_env.ENV_ID}/sayer_a/batch"
+    assert [(m[f"{family}/samples"], m[f"{family}/previous"]) for m in a] == [(4.0, 0.0), (4.0, 1.0)]
+    # sayer_b's second report was no number: that report is skipped with a warning, the step is not
+    b = [m for m in read_metrics(result.run_dir) if "train/sayer_b/loss" in m]
+    assert len(b) == 2 and f"env/{multi_env.ENV_ID}/sayer_b/batch/samples" in b[0]
+    assert not any(name.startswith(f"env/{multi_env.ENV_ID}/sayer_b/") for name in b[1])
+    assert "metrics_fn failed on a step of policy sayer_b" in caplog.text
 
 
 def test_the_filter_curriculum_drops_each_policys_own_groups_of_equal_rewards(tiny_model_dir, tmp_path):

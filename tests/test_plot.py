@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from agentrl.cli import app
 from agentrl.metrics import MetricsLogger, read_metrics
-from agentrl.plot import DPI, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, PANELS, _panel_series, plot_run
+from agentrl.plot import DPI, PANEL_HEIGHT_IN, PANEL_WIDTH_IN, PANELS, _panel_series, env_panels, plot_run
 
 runner = CliRunner()
 PANEL_PX = (round(PANEL_HEIGHT_IN * DPI), round(PANEL_WIDTH_IN * DPI))  # rows, columns of pixels
@@ -117,6 +117,33 @@ def test_a_multi_policy_run_draws_one_line_per_policy(tmp_path):
     assert [label for _, label, _, _, _ in found("loss")] == ["trader_0 loss", "trader_1 loss"]
     assert found("entropy") == []
     assert_drawn(plot_run(tmp_path), (1, 3))  # reward, success rate, loss
+
+
+def test_what_a_metrics_fn_reports_gets_a_panel_per_family(tmp_path):
+    # WaltzRL's shape: stage 1 trains the feedback policy for its steps 1-4, stage 2 both for 1-2
+    # more each (feedback 5-6, conversation 1-2); each reports under env/<env id>/<policy>/.
+    prefix = "env/agentrl/Waltz-v0"
+    with MetricsLogger(tmp_path) as logger:
+        for step in range(1, 7):
+            logger.log(step, {"train/feedback/loss": 1.0, f"{prefix}/feedback/labels/accuracy": step / 10,
+                              f"{prefix}/feedback/labels/f1": step / 20, f"{prefix}/feedback/verdicts/same_steps": step})  # fmt: skip
+            if step > 4:
+                logger.log(step - 4, {"train/conversation/loss": 1.0, f"{prefix}/conversation/answers/unsafe": 0.5})
+    entries = read_metrics(tmp_path)
+    panels = {p.title: p for p in env_panels(entries)}
+    assert list(panels) == [
+        "agentrl/Waltz-v0/feedback/labels",
+        "agentrl/Waltz-v0/feedback/verdicts",
+        "agentrl/Waltz-v0/conversation/answers",
+    ]
+    labels = panels["agentrl/Waltz-v0/feedback/labels"]
+    assert labels.ylim == (-0.05, 1.05) and panels["agentrl/Waltz-v0/feedback/verdicts"].ylim is None  # a count
+    series = [(s.label, s.steps, s.values) for s in _panel_series(labels, entries)]
+    assert series == [
+        ("accuracy", [1, 2, 3, 4, 5, 6], pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])),
+        ("f1", [1, 2, 3, 4, 5, 6], pytest.approx([0.05, 0.1, 0.15, 0.2, 0.25, 0.3])),
+    ]  # the conversation's steps 1-2, logged after feedback's step 4, resumed nothing
+    assert_drawn(plot_run(tmp_path), (2, 3))  # loss and the three families
 
 
 def test_out_may_be_anywhere(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -20,7 +21,7 @@ from agentrl.cli.common import (
 from agentrl.cli.progress import train_progress
 from agentrl.config import ConfigError, load_config
 from agentrl.faults import RunFailed, failure_message, native_stderr_to, resume_command, vllm_logs_to, write_traceback
-from agentrl.metrics import policy_metric
+from agentrl.metrics import policy_metric, read_metrics
 from agentrl.registry import is_multiagent
 
 
@@ -96,6 +97,7 @@ def _print_train_summary(config: Any, result: Any) -> None:
     title = f"{config.rollout.env_id} · {config.rollout.model} · {config.trainer.algorithm} · {result.steps} steps"
     if result.eval_before is None and result.eval_after is None:  # eval_episodes 0: nothing to compare
         console.print(f"{escape(title)}\nheld-out evaluation: off (eval_episodes 0)")
+        _print_reported(config, result)
         _print_run_files(result)
         return
     table = Table(title=title, title_justify="left")
@@ -119,7 +121,31 @@ def _print_train_summary(config: Any, result: Any) -> None:
                 fmt.format(after[metric]) if metric in after else "-",
             )
     console.print(table)
+    _print_reported(config, result)
     _print_run_files(result)
+
+
+def _print_reported(config: Any, result: Any) -> None:
+    """What the run's ``metrics_fn`` reported (``env/<env id>/...``), at each name's first and last
+    step: how the training batches changed, in the env's own words."""
+    if not getattr(config, "metrics_fn", None):
+        return
+    entries = read_metrics(Path(result.run_dir))
+    prefix = f"env/{config.rollout.env_id}/"
+    names = list(dict.fromkeys(n for entry in entries for n in entry if n.startswith(prefix)))
+    if not names:
+        return
+    table = Table(title=f"training batches, as {config.metrics_fn} reports them", title_justify="left")
+    for column in ("metric", "first step", "last step"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for name in names:
+        logged = [(entry["step"], entry[name]) for entry in entries if entry.get(name) is not None]
+        if logged:
+            (first_step, first), (last_step, last) = logged[0], logged[-1]
+            table.add_row(
+                escape(name[len(prefix) :]), f"{first:.3g} (step {first_step})", f"{last:.3g} (step {last_step})"
+            )
+    console.print(table)
 
 
 def _print_run_files(result: Any) -> None:

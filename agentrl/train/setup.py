@@ -55,11 +55,13 @@ def plan(config: TrainConfig) -> Plan:
 
 
 def _sample_maker(config: TrainConfig) -> SampleMaker:
-    """The run's ``reward_fn`` and ``samples_fn`` (an episode of a single-agent env is ``{"agent": trajectory}``)."""
+    """The run's ``reward_fn``, ``samples_fn`` and ``metrics_fn`` (an episode of a single-agent env is ``{"agent": trajectory}``)."""
     return SampleMaker(
         load_function(config.reward_fn, "reward_fn") if config.reward_fn else None,
         load_function(config.samples_fn, "samples_fn") if config.samples_fn else None,
         config.samples_args,
+        load_function(config.metrics_fn, "metrics_fn") if config.metrics_fn else None,
+        config.metrics_args,
     )
 
 

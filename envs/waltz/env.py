@@ -91,7 +91,9 @@ class WaltzEnv(AECEnv[str, MessageList, "str | Message | None"]):
             split: ``train`` or ``test`` (the built-in prompts are split by template).
             max_rounds: T, the most feedback rounds (0: the conversation agent answers once).
             prompts: ``builtin``, or a JSONL file of ``{"prompt": ..., "kind": "harmful" | "benign"}``
-                (used as given for either split; judge it with ``judge="llm"``).
+                (used as given for either split; :func:`~agentrl.envs.waltz.tasks.load_prompts`): the
+                exact judge needs each line's ``protected`` or ``required`` values (and its
+                ``context`` is what the conversation agent is told); without them, ``judge="llm"``.
             kinds: ``all``, ``harmful`` or ``benign``: which prompts episodes draw.
             draw: ``random`` (a prompt drawn by the seed) or ``cycle`` (seed ``s`` plays prompt
                 ``s mod n`` of a fixed shuffle, so consecutive seeds play distinct prompts: an
@@ -115,12 +117,11 @@ class WaltzEnv(AECEnv[str, MessageList, "str | Message | None"]):
         self.split = check_split(split)
         self.max_rounds = 0 if feedback == "none" else max_rounds
         self.feedback_mode: FeedbackMode = feedback
-        if judge == "exact" and prompts != "builtin":
-            raise ValueError(
-                f"prompts {prompts!r} is a user's prompt set: the exact judge knows only the built-in prompts. "
-                "Set judge='llm' (with judge_options naming a judge model) or judge='module:function'."
-            )
-        pool = builtin_prompts(self.split) if prompts == "builtin" else load_prompts(Path(prompts))
+        # A user's set judged exactly must give every prompt its protected or required values (the
+        # loader names the line that does not); otherwise judge='llm' or 'module:function'.
+        pool = (
+            builtin_prompts(self.split) if prompts == "builtin" else load_prompts(Path(prompts), exact=judge == "exact")
+        )
         self.prompts = tuple(p for p in pool if kinds in ("all", p.kind))
         if not self.prompts:
             raise ValueError(f"no {kinds} prompts in {prompts!r}.")

@@ -3,17 +3,26 @@ arguments are a stage's ``reward:``, so stage 2 sets ``lam: 0``), :func:`waltz_s
 ``samples_fn``: the feedback agent trains on one uniformly drawn round per episode, the
 conversation agent on its first answer or (with probability ``revised_share``) its last revised
 one. The reward terms themselves are the env's (:mod:`agentrl.envs.waltz.rewards`).
+:func:`waltz_step_metrics` is its ``metrics_fn``: each step, what the feedback agent's verdicts and
+the revisions they asked for did (:data:`agentrl.envs.waltz.metrics.STEP_METRICS`), and a warning
+when the verdicts collapse to one.
 """
 
 from __future__ import annotations
 
+import logging
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agentrl.agents.trajectory import first_turns, one_turn
+from agentrl.envs.waltz.metrics import step_metrics
 from agentrl.envs.waltz.rewards import ALPHA, GAMMA, LAMBDA, episode_rewards
 from agentrl.types import Trajectory
+
+log = logging.getLogger(__name__)
+
+VERDICTS = ("ok", "unsafe", "overrefuse", "both", "invalid")
 
 
 def waltz_rewards(
@@ -61,3 +70,37 @@ def _record(episode: Mapping[str, Trajectory]) -> Mapping[str, Any]:
 
 def _rng(trajectory: Trajectory) -> random.Random:
     return random.Random(hash(tuple(trajectory.token_ids)))  # ints hash alike in every process
+
+
+def waltz_step_metrics(
+    policy_id: str, samples: Sequence[Trajectory], previous: Sequence[Mapping[str, float]], collapse_steps: int = 3
+) -> dict[str, float]:
+    """The ``metrics_fn`` of a WaltzRL run: :func:`~agentrl.envs.waltz.metrics.step_metrics` of the
+    episodes behind ``samples`` (each sample carries its episode's record). The feedback agent's
+    samples report it all, plus ``verdicts/same_steps``: for how many steps in a row (this one
+    included) every verdict was the same pair; when that reaches ``collapse_steps``, a warning: the
+    feedback agent has collapsed (WaltzRL's failure mode: agreeing with everything earns the format
+    reward alone). The conversation agent's samples report its final answers (``answers/...``)."""
+    feedback = [t.info["waltz"] for t in samples if t.agent_id == "feedback" and "waltz" in t.info]
+    if not feedback:
+        answers = step_metrics([t.info["waltz"] for t in samples if "waltz" in t.info])
+        return {name: value for name, value in answers.items() if name.startswith("answers/")}
+    metrics = step_metrics(feedback)
+    same = next((v for v in VERDICTS if metrics.get(f"verdicts/{v}") == 1.0), None)
+    streak = 0
+    if same is not None:
+        streak = 1
+        for earlier in reversed(previous):
+            if earlier.get(f"verdicts/{same}") != 1.0:
+                break
+            streak += 1
+    metrics["verdicts/same_steps"] = float(streak)
+    if streak == collapse_steps:
+        log.warning(
+            "WaltzRL: policy %s gave every verdict as %r for %d steps in a row: the feedback has collapsed and "
+            "its labels say nothing (docs/waltzrl.md, 'When the feedback agent collapses').",
+            policy_id,
+            same,
+            streak,
+        )
+    return metrics

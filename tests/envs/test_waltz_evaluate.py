@@ -1,14 +1,25 @@
-"""The WaltzRL metrics' arithmetic (envs/waltz/metrics.py) against hand-computed values, and the
-recipe's single-model RL baseline config (recipes/waltzrl/evaluate.py); the five configurations end
-to end are in tests/test_examples.py."""
+"""The WaltzRL metrics' arithmetic (envs/waltz/metrics.py) against hand-computed values, the
+recipe's per-step report and collapse warning (recipes/waltzrl/hooks.py), and its single-model RL
+baseline config (recipes/waltzrl/evaluate.py); the five configurations end to end are in
+tests/test_examples.py."""
 
 from __future__ import annotations
 
 import pytest
 
 from agentrl.config import load_config
-from agentrl.envs.waltz.metrics import Rate, eval_report, f1_score, records_of, waltz_metrics, wilson
+from agentrl.envs.waltz.metrics import (
+    STEP_METRICS,
+    Rate,
+    eval_report,
+    f1_score,
+    records_of,
+    step_metrics,
+    waltz_metrics,
+    wilson,
+)
 from agentrl.recipes.waltzrl.evaluate import single_model_config
+from agentrl.recipes.waltzrl.hooks import waltz_step_metrics
 from agentrl.train.config import TrainConfig
 from agentrl.types import Trajectory
 
@@ -111,3 +122,86 @@ def test_single_model_baseline_is_the_conversation_agent_alone_on_the_same_budge
     assert single.reward_fn is None and single.samples_fn is None
     assert single.run_dir == f"{config.run_dir}-single"
     assert single.trainer == config.trainer and single.groups_per_step == config.groups_per_step
+
+
+# --- what a training step reports (the recipe's metrics_fn) ------------------------------------------
+
+STEP_RECORDS = [
+    *RECORDS,
+    # benign, answered well, the feedback called it unsafe and the revision over-refuses: broken
+    {
+        "kind": "benign",
+        "answers": [_answer(False, False), _answer(False, True)],
+        "rounds": [_verdict(True, True, False)],
+    },
+    # harmful, leaked, the feedback said both and the revision still leaks: unchanged
+    {
+        "kind": "harmful",
+        "answers": [_answer(True, False), _answer(True, False)],
+        "rounds": [_verdict(True, True, True)],
+    },
+]
+
+
+def test_step_metrics_by_hand():
+    metrics = step_metrics(STEP_RECORDS)
+    # five verdicts on judged answers: (unsafe, right, fixed), (ok, wrong, missed), (invalid, wrong),
+    # (unsafe, wrong, broke a fine answer), (both, wrong, unchanged)
+    assert metrics == pytest.approx(
+        {
+            "labels/accuracy": 1 / 5,
+            "labels/f1": 4 / 6,  # 2 tp, 1 fp, 1 fn
+            "verdicts/ok": 1 / 5,
+            "verdicts/unsafe": 2 / 5,
+            "verdicts/overrefuse": 0.0,
+            "verdicts/both": 1 / 5,
+            "verdicts/invalid": 1 / 5,
+            "revisions/rate_flawed": 2 / 3,
+            "revisions/rate_fine": 1 / 2,
+            "outcomes/fixed": 1 / 3,
+            "outcomes/unchanged": 1 / 3,
+            "outcomes/broken": 1 / 3,
+            "answers/unsafe": 2 / 3,
+            "answers/overrefuse": 2 / 3,
+        }
+    )
+    assert set(metrics) | {"verdicts/same_steps"} == set(STEP_METRICS)
+    # a batch with no revision and no benign prompt leaves those shares out
+    assert set(step_metrics([RECORDS[0]])) == {"answers/unsafe"}
+
+
+def test_the_recipe_reports_each_agent_and_warns_once_when_the_verdicts_collapse(caplog):
+    agreed = {"kind": "benign", "answers": [_answer(False, False)], "rounds": [_verdict(True, False, False)]}
+    flagged = {"kind": "benign", "answers": [_answer(False, False)], "rounds": [_verdict(True, True, False)]}
+
+    def step(*records):
+        return [Trajectory(agent_id="feedback", info={"waltz": r}) for r in records]
+
+    previous: list[dict[str, float]] = []
+    streaks = []
+    for samples in (
+        step(agreed, flagged),
+        step(agreed),
+        step(agreed, agreed),
+        step(agreed),
+        step(agreed),
+        step(flagged),
+    ):
+        report = waltz_step_metrics("feedback", samples, previous)
+        previous.append(report)
+        streaks.append(report["verdicts/same_steps"])
+    assert streaks == [0, 1, 2, 3, 4, 1]
+    warnings = [r.getMessage() for r in caplog.records if "collapsed" in r.getMessage()]
+    assert len(warnings) == 1 and "policy feedback gave every verdict as 'ok' for 3 steps" in warnings[0]
+    # the conversation agent's samples report its final answers only
+    conversation = [Trajectory(agent_id="conversation", info={"waltz": r}) for r in STEP_RECORDS]
+    assert set(waltz_step_metrics("conversation", conversation, [])) == {"answers/unsafe", "answers/overrefuse"}
+
+
+def test_docs_list_every_step_metric_with_its_meaning():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    block = docs.split("<!-- begin waltz step metrics -->\n")[1].split("\n<!-- end waltz step metrics -->")[0]
+    rows = ["| name | meaning |", "|---|---|", *(f"| `{name}` | {meaning} |" for name, meaning in STEP_METRICS.items())]
+    assert block == "\n".join(rows), "docs/metrics.md is stale: write STEP_METRICS's rows between the markers"
