@@ -17,11 +17,9 @@ from agentrl.train import train
 
 
 class SlowOnBbb(ScriptedPolicy):
-    """Replies at once, except to 'Say bbb' prompts, which take ``slow`` seconds: the long tail. Two
-    seconds, so that the other episodes end first however busy the machine is (at 0.4 s a loaded
-    machine once ran them as slowly and no group was left to abort); an aborted one costs nothing."""
+    """Replies at once, except to 'Say bbb' prompts, which take ``slow`` seconds: the long tail."""
 
-    def __init__(self, tokenizer: Any, slow: float = 2.0):
+    def __init__(self, tokenizer: Any, slow: float = 0.4):
         super().__init__(tokenizer, lambda prompt: "b" * (1 + self.calls % 3) + "a")
         self.slow = slow
         self.prompts: dict[int, str] = {}
@@ -42,7 +40,9 @@ def test_short_rounds_abort_the_long_tail_and_long_rounds_replay_it(tiny_model_d
     config = _config(
         tiny_model_dir, tmp_path / "run", "tail_batching=true", "tail_extra=1.0", "steps=8", "samples_per_step=2"
     )
-    result = train(config, policy=SlowOnBbb(tiny_tokenizer))
+    # 2 s, so that the other episodes end first however busy the machine is (at 0.4 s a loaded
+    # machine once ran them as slowly, no group was left to abort and no long round came)
+    result = train(config, policy=SlowOnBbb(tiny_tokenizer, slow=2.0))
 
     assert result.steps == 8
     steps = _steps(result.run_dir)
