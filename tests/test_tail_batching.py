@@ -17,16 +17,25 @@ from agentrl.train import train
 
 
 class SlowOnBbb(ScriptedPolicy):
-    """Replies at once, except to 'Say bbb' prompts, which take ``slow`` seconds: the long tail."""
+    """Replies at once, except to 'Say bbb' prompts: the long tail. Slow groups finish one after
+    another, ``slow`` seconds apart (a reply started while k groups' worth of slow replies are
+    running takes (k + 1) * ``slow``), so that which of them a round takes and which it aborts does
+    not hang on a race between groups that end in the same millisecond."""
 
-    def __init__(self, tokenizer: Any, slow: float = 0.4):
+    def __init__(self, tokenizer: Any, slow: float = 0.4, group_size: int = 4):
         super().__init__(tokenizer, lambda prompt: "b" * (1 + self.calls % 3) + "a")
         self.slow = slow
-        self.prompts: dict[int, str] = {}
+        self.group_size = group_size
+        self.running = 0
 
     async def generate(self, prompt_ids, sampling):
         if "Say bbb" in str(self.tokenizer.decode(list(prompt_ids))):
-            await asyncio.sleep(self.slow)
+            rank = self.running // self.group_size
+            self.running += 1
+            try:
+                await asyncio.sleep(self.slow * (1 + rank))
+            finally:
+                self.running -= 1
         return await super().generate(prompt_ids, sampling)
 
 
@@ -40,9 +49,7 @@ def test_short_rounds_abort_the_long_tail_and_long_rounds_replay_it(tiny_model_d
     config = _config(
         tiny_model_dir, tmp_path / "run", "tail_batching=true", "tail_extra=1.0", "steps=8", "samples_per_step=2"
     )
-    # 2 s, so that the other episodes end first however busy the machine is (at 0.4 s a loaded
-    # machine once ran them as slowly, no group was left to abort and no long round came)
-    result = train(config, policy=SlowOnBbb(tiny_tokenizer, slow=2.0))
+    result = train(config, policy=SlowOnBbb(tiny_tokenizer, slow=1.0))
 
     assert result.steps == 8
     steps = _steps(result.run_dir)
