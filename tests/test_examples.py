@@ -106,19 +106,25 @@ def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_
     for agent in ("conversation", "feedback"):
         assert (run_dir / "model" / agent / "adapter_config.json").exists()
 
-    out = agentrl("waltz-table", str(config), *small, "--episodes", "4").stdout
+    public = "strongreject+overrefusal"
+    out = agentrl("waltz-table", str(config), *small, "--episodes", "4", "--prompts", "builtin", "--prompts", public)
+    out = out.stdout
     assert "WaltzRL (after stage 2)" in out and "single-model RL" in out, out
-    table = json.loads((run_dir / "waltz_table.json").read_text())
+    assert "(builtin prompts)" in out and f"({public} prompts)" in out, out
+    tables = json.loads((run_dir / "waltz_table.json").read_text())
+    assert list(tables) == ["builtin", public]
     records = [json.loads(line) for line in (run_dir / "waltz_table_episodes.jsonl").read_text().splitlines()]
-    assert sorted({r["configuration"] for r in records}) == sorted(table), records[:1]
     assert all(r["answers"] and r["kind"] in ("harmful", "benign") for r in records), records[:1]
-    assert list(table) == ["conversation_alone", "collaboration", "oracle_feedback", "single_model_rl", "waltzrl"]
-    for name, metrics in table.items():
-        assert metrics["episodes"] + metrics["failed_episodes"] == 4, (name, metrics)
-        played = metrics["asr"]["total"] + metrics["orr"]["total"] + metrics["judge_unparseable"]
-        assert played == metrics["episodes"], (name, metrics)
-        assert 0.0 <= metrics["asr"]["low"] <= metrics["asr"]["high"] <= 1.0
-    assert table["conversation_alone"]["label_accuracy"]["total"] == 0  # no feedback agent played
+    assert {r["family"].split("/")[0] for r in records if r["prompts"] == public} <= {"strongreject", "overrefusal"}
+    for prompt_set, table in tables.items():
+        assert sorted({r["configuration"] for r in records if r["prompts"] == prompt_set}) == sorted(table)
+        assert list(table) == ["conversation_alone", "collaboration", "oracle_feedback", "single_model_rl", "waltzrl"]
+        for name, metrics in table.items():
+            assert metrics["episodes"] + metrics["failed_episodes"] == 4, (name, metrics)
+            played = metrics["asr"]["total"] + metrics["orr"]["total"] + metrics["judge_unparseable"]
+            assert played == metrics["episodes"], (name, metrics)
+            assert 0.0 <= metrics["asr"]["low"] <= metrics["asr"]["high"] <= 1.0
+        assert table["conversation_alone"]["label_accuracy"]["total"] == 0  # no feedback agent played
     assert (tmp_path / "run-single" / "model" / "conversation" / "adapter_config.json").exists()
 
     out = agentrl("eval", "agentrl/Waltz-v0", f"--model={tiny_model_dir}", "--backend=hf", "--episodes=2",

@@ -200,7 +200,10 @@ def test_a_cancelled_request_is_aborted_on_the_server(policy, server):
 
     async def run():
         # A loaded 2-core machine can keep the busy server from answering /metrics for seconds.
-        async with httpx.AsyncClient(timeout=60) as client:
+        # A new connection per poll: a kept-alive one the server closes while idle (uvicorn, 5 s) can be
+        # reused at that moment and read as "Server disconnected" (it failed a full run once).
+        no_keepalive = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=60, limits=no_keepalive) as client:
 
             async def running(n):
                 return await server_metric(client, server, "vllm:num_requests_running") == n

@@ -6,19 +6,21 @@ The configurations: (1) the conversation agent alone, (2) both agents untrained 
 collaboration), (3) oracle labels turned into template feedback, (4) single-model RL (the
 conversation agent trained alone on R_c with the same number of steps, trained here first if its
 run directory has no model), (5) WaltzRL after stage 2 (the adapters ``agentrl train`` exported).
-``agentrl waltz-table recipes/waltzrl/waltzrl.yaml`` prints it and writes it as JSON.
+``agentrl waltz-table recipes/waltzrl/waltzrl.yaml`` prints it and writes it as JSON, on the built-in
+held-out prompts or on public safety sets (``--prompts strongreject+overrefusal``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from agentrl.envs.waltz.metrics import as_json, records_of, waltz_metrics
+from agentrl.envs.waltz.public_sets import PUBLIC_SETS
 from agentrl.types import Trajectory
 
 CONFIGURATIONS: dict[str, str] = {
@@ -60,13 +62,16 @@ def waltz_table(
     config: Any,
     episodes: int = 200,
     *,
+    prompts: Sequence[str] = ("builtin",),
     train_baseline: bool = True,
     on_phase: Callable[[str], None] = lambda name: None,
-) -> dict[str, dict[str, Any]]:
-    """Play the five configurations on the same ``episodes`` held-out prompts (``draw: cycle``);
-    return ``{configuration: metrics}`` (see :func:`waltz_metrics`), also written to
-    ``<run_dir>/waltz_table.json``; every episode's record (answers, judge labels, verdicts), with
-    its configuration, goes to ``<run_dir>/waltz_table_episodes.jsonl``.
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Play the five configurations on the same ``episodes`` held-out prompts (``draw: cycle``) of
+    each evaluation set in ``prompts`` (``builtin``, a public set, several joined by ``+``, a JSONL
+    file: the env's ``prompts``; :func:`evaluation_kwargs`); return ``{set: {configuration:
+    metrics}}`` (see :func:`waltz_metrics`), also written to ``<run_dir>/waltz_table.json``; every
+    episode's record (answers, judge labels, verdicts), with its set and configuration, goes to
+    ``<run_dir>/waltz_table_episodes.jsonl``.
 
     ``config`` is the WaltzRL :class:`~agentrl.train.TrainConfig`; ``<run_dir>/model`` must hold its
     exported adapters (``agentrl train`` writes them). With ``train_baseline``, the single-model RL
@@ -117,38 +122,52 @@ def waltz_table(
             "single_model_rl": (trained["single"], base, "none"),
             "waltzrl": (trained["conversation"], trained["feedback"], "agent"),
         }
-        table: dict[str, dict[str, Any]] = {}
+        tables: dict[str, dict[str, dict[str, Any]]] = {}
         episodes_out: list[dict[str, Any]] = []
-        for name, (conversation, feedback, mode) in plan.items():
-            on_phase(f"evaluating: {CONFIGURATIONS[name]} ({episodes} held-out prompts)")
-            settings = rollout_settings(
-                rollout,
-                env_kwargs={**rollout.env_kwargs, "feedback": mode, "draw": "cycle", "split": "test"},
-                sampling=replace(sampling_of(rollout, temperature=config.eval_temperature), seed=None),
-                group_size=1,
-                redundancy=0,
-                seed=EVAL_SEED_OFFSET + rollout.seed,
-                mapping="individual",
-            )
-            engine = build_rollout(settings, {"conversation": conversation, "feedback": feedback})
-            try:
-                trajectories = asyncio.run(_play(engine, episodes))
-            finally:
-                engine.close()
-            records = records_of(trajectories)
-            episodes_out.extend({"configuration": name, **record} for record in records)
-            metrics = waltz_metrics(records)
-            metrics["failed_episodes"] = engine.failed_episodes
-            table[name] = metrics
+        for prompt_set in prompts:
+            table = tables[prompt_set] = {}
+            for name, (conversation, feedback, mode) in plan.items():
+                on_phase(f"evaluating on {prompt_set}: {CONFIGURATIONS[name]} ({episodes} held-out prompts)")
+                settings = rollout_settings(
+                    rollout,
+                    env_kwargs={**evaluation_kwargs(rollout.env_kwargs, prompt_set), "feedback": mode},
+                    sampling=replace(sampling_of(rollout, temperature=config.eval_temperature), seed=None),
+                    group_size=1,
+                    redundancy=0,
+                    seed=EVAL_SEED_OFFSET + rollout.seed,
+                    mapping="individual",
+                )
+                engine = build_rollout(settings, {"conversation": conversation, "feedback": feedback})
+                try:
+                    trajectories = asyncio.run(_play(engine, episodes))
+                finally:
+                    engine.close()
+                records = records_of(trajectories)
+                episodes_out.extend({"prompts": prompt_set, "configuration": name, **record} for record in records)
+                metrics = waltz_metrics(records)
+                metrics["failed_episodes"] = engine.failed_episodes
+                table[name] = metrics
     finally:
         for policy in trained.values():
             policy.close()
         base.close()
     out = Path(config.run_dir) / "waltz_table.json"
-    out.write_text(json.dumps({name: as_json(m) for name, m in table.items()}, indent=1))
+    out.write_text(
+        json.dumps({s: {name: as_json(m) for name, m in table.items()} for s, table in tables.items()}, indent=1)
+    )
     with open(out.with_name("waltz_table_episodes.jsonl"), "w") as f:
         f.writelines(json.dumps(record) + "\n" for record in episodes_out)
-    return table
+    return tables
+
+
+def evaluation_kwargs(env_kwargs: Mapping[str, Any], prompts: str) -> dict[str, Any]:
+    """The env's keyword arguments for evaluating on ``prompts``: the held-out split, every prompt
+    in turn (``draw: cycle``), and the ``refusal`` judge in place of the exact one when ``prompts``
+    names a public set (which has no exact values; a judge chosen in the config otherwise stays)."""
+    kwargs = {**env_kwargs, "prompts": prompts, "draw": "cycle", "split": "test"}
+    if kwargs.get("judge", "exact") == "exact" and any(part in PUBLIC_SETS for part in prompts.split("+")):
+        kwargs["judge"] = "refusal"
+    return kwargs
 
 
 def load_adapter(host: Any, name: str, directory: Path) -> Any:

@@ -18,7 +18,7 @@ from agentrl.envs.waltz.metrics import (
     waltz_metrics,
     wilson,
 )
-from agentrl.recipes.waltzrl.evaluate import single_model_config
+from agentrl.recipes.waltzrl.evaluate import evaluation_kwargs, single_model_config
 from agentrl.recipes.waltzrl.hooks import waltz_step_metrics
 from agentrl.train.config import TrainConfig
 from agentrl.types import Trajectory
@@ -205,3 +205,17 @@ def test_docs_list_every_step_metric_with_its_meaning():
     block = docs.split("<!-- begin waltz step metrics -->\n")[1].split("\n<!-- end waltz step metrics -->")[0]
     rows = ["| name | meaning |", "|---|---|", *(f"| `{name}` | {meaning} |" for name, meaning in STEP_METRICS.items())]
     assert block == "\n".join(rows), "docs/metrics.md is stale: write STEP_METRICS's rows between the markers"
+
+
+def test_evaluation_on_a_public_set_swaps_the_exact_judge_for_the_refusal_one_and_keeps_a_chosen_judge():
+    base = {"max_rounds": 1, "draw": "random"}
+    assert evaluation_kwargs(base, "builtin") == {
+        "max_rounds": 1,
+        "prompts": "builtin",
+        "draw": "cycle",
+        "split": "test",
+    }
+    assert evaluation_kwargs(base, "builtin+overrefusal")["judge"] == "refusal"
+    assert evaluation_kwargs({**base, "judge": "exact"}, "strongreject")["judge"] == "refusal"
+    assert evaluation_kwargs({**base, "judge": "llm"}, "strongreject")["judge"] == "llm"
+    assert "judge" not in evaluation_kwargs(base, "my_prompts.jsonl")  # a user's file keeps the exact judge
