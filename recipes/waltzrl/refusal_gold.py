@@ -14,7 +14,7 @@ Two steps, the second by hand:
    phrase rule says).
 
 ``python -m agentrl.recipes.waltzrl.refusal_gold check [GOLD.jsonl]`` prints the agreement
-(:func:`agreement`); ``tests/envs/test_waltz_refusal.py`` asserts it is at least 90%.
+(:func:`agreement`); ``tests/envs/test_waltz_public_sets.py`` asserts it is at least 90%.
 """
 
 from __future__ import annotations
