@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,13 @@ ray = pytest.importorskip("ray", reason="the cluster needs ray (pip install -e '
 
 
 from agentrl.train.placement import engine_shares  # noqa: E402
-from agentrl.trainers.ranks import TrainerGroup, merge_rank_metrics, shard_groups  # noqa: E402
+from agentrl.trainers.ranks import (  # noqa: E402
+    TrainerGroup,
+    ephemeral_ports,
+    merge_rank_metrics,
+    rendezvous_port,
+    shard_groups,
+)
 
 ENV_ID = "tests/ClusterSayB-v0"
 
@@ -286,6 +293,18 @@ def test_a_batch_splits_into_whole_groups_balanced_by_tokens():
     assert shares == [[0, 1], [2, 3, 4, 5]]  # 60 tokens against 44: group a alone, b and c together
     with pytest.raises(ValueError, match="raise groups_per_step"):
         shard_groups(batch, 4)
+
+
+def test_a_rendezvous_port_is_free_and_outside_the_range_outgoing_connections_take():
+    # A port drawn from the ephemeral range could be handed to another process's outgoing connection
+    # before rank 0's store binds it (a resumed run failed so once with EADDRINUSE).
+    low, high = ephemeral_ports()
+    assert 1024 <= low <= high
+    for _ in range(20):
+        port = rendezvous_port("127.0.0.1")
+        assert not low <= port <= high
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))  # still free
 
 
 def test_cpu_engines_sharing_a_node_get_disjoint_cores(monkeypatch):

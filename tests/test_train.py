@@ -17,11 +17,12 @@ import gymnasium as gym
 import pytest
 
 import agentrl
-from agentrl.config import load_config
+from agentrl.config import ConfigError, load_config
 from agentrl.env import AgentEnv, Feedback, MessagesSpace, ReplySpace
 from agentrl.metrics import read_metrics
 from agentrl.testing import ScriptedPolicy
 from agentrl.train import TrainConfig, train
+from agentrl.train.setup import plan
 from agentrl.types import Message
 
 ENV_ID = "tests/SayB-v0"
@@ -126,6 +127,20 @@ def test_training_does_not_change_the_callers_config(tiny_model_dir, tiny_tokeni
     train(config, policy=_scripted(tiny_tokenizer))
     assert config == before and config.trainer.temperature is None and config.trainer.total_steps == 0
     assert config.trainer_settings().temperature == 0.7 and config.trainer_settings().total_steps == 3
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ('policies={"other": {}}', "single-agent env, played by one policy, 'default'; policies names \\['other'\\]"),
+        ('policies={"default": {"weights": "lora"}}', "must keep weights: full, trainable: true and no init_from"),
+        ("eval_against_base=true", "single-agent env, with none: remove eval_against_base"),
+    ],
+)
+def test_a_single_agent_run_refuses_what_only_several_policies_mean(tmp_path, override, message):
+    # before any model or engine is loaded
+    with pytest.raises(ConfigError, match=message):
+        plan(_config(Path("unused"), tmp_path / "run", override))
 
 
 def test_a_single_agent_run_takes_stages_and_a_reward_fn(tiny_model_dir, tiny_tokenizer, tmp_path):

@@ -25,8 +25,10 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import random
 import socket
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 try:
@@ -56,6 +58,34 @@ COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)
 # --- one rank ---------------------------------------------------------------------------------------
 
 
+def rendezvous_port(host: str, tries: int = 200) -> int:
+    """A port free on ``host`` now, for a rendezvous store that binds it a moment later: drawn from
+    below the kernel's ephemeral range, whose ports are handed to outgoing connections at any time (a
+    port found free there was taken before rank 0's store bound it, and the run failed with
+    EADDRINUSE). Falls back to any free port if none below is free."""
+    low = ephemeral_ports()[0]
+    draw = random.Random()
+    for port in draw.sample(range(max(1024, low - 12000), low), min(tries, max(0, low - 1024))):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux's default where it cannot be read)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 @ray.remote(max_restarts=0, max_task_retries=0)
 class TrainerRank:
     """One ``torch.distributed`` process of a :class:`TrainerGroup`, holding a
@@ -75,9 +105,7 @@ class TrainerRank:
     def address(self) -> tuple[str, int]:
         """An address on this rank's node where rank 0 can host the process group's rendezvous."""
         host = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return host, s.getsockname()[1]
+        return host, rendezvous_port(host)
 
     def start(
         self, master: tuple[str, int], model_path: str, config: TrainerConfig, device: str, dtype: str, strategy: str

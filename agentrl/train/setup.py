@@ -79,6 +79,11 @@ def _single(config: TrainConfig) -> dict[str, PolicyConfig]:
             f"a single-agent run trains its one policy with whole weights (trainer.lora_rank trains LoRA inside "
             f"them); policies.{SHARED_POLICY_ID} must keep weights: full, trainable: true and no init_from."
         )
+    if config.eval_against_base:
+        raise ConfigError(
+            f"eval_against_base plays each trained policy against the base model in the env's other seats; "
+            f"{config.rollout.env_id!r} is a single-agent env, with none: remove eval_against_base."
+        )
     return {SHARED_POLICY_ID: policy}
 
 
