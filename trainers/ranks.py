@@ -64,8 +64,8 @@ def rendezvous_port(host: str, tries: int = 200) -> int:
     port found free there was taken before rank 0's store bound it, and the run failed with
     EADDRINUSE). Falls back to any free port if none below is free."""
     low = ephemeral_ports()[0]
-    draw = random.Random()
-    for port in draw.sample(range(max(1024, low - 12000), low), min(tries, max(0, low - 1024))):
+    below = range(max(1024, low - 12000), low)
+    for port in random.sample(below, min(tries, len(below))):
         with socket.socket() as s:
             try:
                 s.bind((host, port))
