@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import json
 import os
 import signal
 import socket
@@ -57,6 +58,10 @@ def serve_command(model_dir: Path, port: int) -> list[str]:
         "--port", str(port),
         "--dtype", "float32",
         "--max-model-len", "32768",  # room for the long request the cancellation test aborts
+        # ... and rotary positions for all of it: past the config's 4096 vLLM reads beyond its cos/sin
+        # table, the request's keys turn NaN, and every later request on the reused cache blocks gets
+        # NaN log-probs (HTTP 400 "Out of range float values"; it failed CI once).
+        "--hf-overrides", json.dumps({"max_position_embeddings": 32768}),
         "--enforce-eager",
         "--logprobs-mode", "processed_logprobs",  # the sampled distribution's, as the vllm and hf backends report
         "--seed", "0",
@@ -73,9 +78,7 @@ def server(tiny_model_dir, tmp_path_factory):
     """A real OpenAI-compatible vLLM server on the tiny model; yields its base URL."""
     port = free_port()
     log_path = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    # The tiny model's config says 4096 positions; the cancellation test's request is longer (random
-    # weights: positions past the config's mean nothing less than those before them).
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             serve_command(tiny_model_dir, port), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
