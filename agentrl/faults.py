@@ -48,6 +48,17 @@ class EngineLost(RunFailed):
     started again (:class:`~agentrl.policies.supervisor.EngineSupervisor`)."""
 
 
+class EpisodesFailing(RunFailed):
+    """``max_failed_in_a_row`` episodes failed one after another: what they run on (the env, its
+    sandbox or server, an engine) is broken, not one episode, and the run stops instead of turning
+    every group it starts into another failure."""
+
+
+class RunStalled(RunFailed):
+    """No group finished for ``stall_timeout`` seconds while groups were being played: something the
+    episodes wait on hangs, and the run stops instead of waiting for ever."""
+
+
 def error_chain(error: BaseException) -> Iterator[BaseException]:
     """``error`` and the exceptions it was raised from or during, innermost last."""
     seen: set[int] = set()

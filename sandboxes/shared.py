@@ -75,7 +75,9 @@ class Lease:
         return self._sandbox
 
     def renew(self) -> Sandbox:
-        """A clean sandbox for a new episode: the one held, reset, else one from the pool."""
+        """A clean sandbox for a new episode: the one held, reset, else one from the pool. All of it
+        under the lease's lock: two callers at once would otherwise each take a sandbox, and the one
+        overwritten would never go back to its pool."""
         with self._lock:
             held = self._sandbox
             if held is not None and not self._tainted:
@@ -84,12 +86,11 @@ class Lease:
                     return held
                 except Exception:  # noqa: BLE001 - a sandbox that cannot be reset is replaced below
                     self._tainted = True
-        self.release()
-        pool = shared_pool(self.spec, self.size, self.role)
-        sandbox = pool.acquire()
-        with self._lock:
-            self._pool, self._sandbox, self._tainted = pool, sandbox, False
-        return sandbox
+            self._give_back()
+            pool = shared_pool(self.spec, self.size, self.role)
+            sandbox = pool.acquire()
+            self._pool, self._sandbox = pool, sandbox
+            return sandbox
 
     def taint(self) -> None:
         """A call on the sandbox was abandoned mid-way: never lend it to anyone else."""
@@ -98,7 +99,10 @@ class Lease:
     def release(self) -> None:
         """Give the sandbox back to its pool (closed instead if tainted); a no-op if none is held."""
         with self._lock:
-            pool, sandbox, tainted = self._pool, self._sandbox, self._tainted
-            self._pool, self._sandbox, self._tainted = None, None, False
+            self._give_back()
+
+    def _give_back(self) -> None:
+        pool, sandbox, tainted = self._pool, self._sandbox, self._tainted
+        self._pool, self._sandbox, self._tainted = None, None, False
         if pool is not None and sandbox is not None:
             pool.release(sandbox, discard=tainted)

@@ -68,6 +68,20 @@ def test_the_message_names_the_last_step_the_checkpoint_and_the_resume_command(t
     assert "after step 0" in fresh and "starts over: agentrl train c.yaml." in fresh
 
 
+def test_the_end_of_a_run_says_which_faults_it_survived():
+    from agentrl.cli.train import faults_survived
+
+    one = [{"step": 1, "rollout/failed": 2.0, "fault/engine_restarts": 0.0},
+           {"step": 2, "rollout/failed": 1.0, "fault/engine_restarts": 1.0, "fault/env_workers_replaced": 0.0}]  # fmt: skip
+    assert faults_survived(one, []) == [
+        ("inference engines replaced", "1"),
+        ("episodes failed (counted, never trained on)", "3"),
+    ]
+    several = [{"step": 1, "fault/a/engine_restarts": 1.0, "fault/b/engine_restarts": 1.0, "rollout/a/failed": 0.0}]
+    assert faults_survived(several, ["a", "b"]) == [("inference engines replaced", "a 1, b 1")]
+    assert faults_survived([{"step": 1, "rollout/failed": 0.0}], []) == []
+
+
 def test_the_traceback_goes_to_the_run_log(tmp_path):
     try:
         raise ValueError("deep down")
@@ -246,3 +260,5 @@ def test_a_killed_shared_lora_engine_of_a_multi_policy_run_is_replaced_and_it_fi
         groups = [g for line in (run_dir / "batches.jsonl").read_text().splitlines()
                   for g in json.loads(line)["groups"] if json.loads(line)["policy"] == policy]  # fmt: skip
         assert len(groups) == len(set(groups)) == 8, groups
+    # the end of the run says what it survived
+    assert re.search(r"inference engines replaced\s*│?\s*sayer_a 1, sayer_b 1", out), out[-2000:]

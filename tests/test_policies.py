@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch", reason="the policy backends need torch (pip
 
 import agentrl  # noqa: E402
 from agentrl.agents import ChatAgent  # noqa: E402
-from agentrl.policies import Policy, Sampling  # noqa: E402
+from agentrl.policies import EngineClosed, Policy, Sampling  # noqa: E402
 from agentrl.policies.hf import HFPolicy  # noqa: E402
 from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout  # noqa: E402
 from agentrl.testing import max_logprob_gap, reference_logprobs, reference_model  # noqa: E402
@@ -128,6 +128,24 @@ def test_a_cancelled_request_stops_its_row_and_a_queued_one_is_never_computed(ti
     assert partner == alone and len(alone.token_ids) > 100
     assert policy.requests == (6, 1, 1)  # received, dropped from the queue, aborted mid-batch
     assert 1 <= len(after.token_ids) <= 4
+
+
+def test_requests_waiting_when_the_hf_policy_is_closed_raise_engine_closed(tiny_model_dir):
+    # They waited for ever: an EngineSupervisor replacing a dead hf engine closes it from its thread.
+    policy = HFPolicy(tiny_model_dir)
+    prompt = policy.tokenizer.encode("Count to a thousand:")
+
+    async def run():
+        long = Sampling(max_tokens=900, stop_token_ids=(), seed=0)
+        running = [asyncio.ensure_future(policy.generate(prompt, long)) for _ in range(2)]
+        await asyncio.sleep(0.5)  # their batch runs
+        queued = asyncio.ensure_future(policy.generate(prompt, Sampling(max_tokens=3)))  # the next batch's
+        await asyncio.sleep(0)
+        await asyncio.to_thread(policy.close)
+        return await asyncio.wait_for(asyncio.gather(*running, queued, return_exceptions=True), 60)
+
+    results = asyncio.run(run())
+    assert [type(r) for r in results] == [EngineClosed] * 3, results
 
 
 def test_rollout_cli_with_the_hf_backend_writes_jsonl(tiny_model_dir, tmp_path):

@@ -74,6 +74,7 @@ def test_the_main_job_runs_as_configured_with_a_tiny_model_and_budget(tiny_model
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "held-out" in done.stdout and "before" in done.stdout
+    assert "faults the run survived: none" in done.stdout
     # stdout is a pipe: one line per phase and per step, as they happen, and no bars on stderr
     lines = done.stdout.splitlines()
     assert [line.split("] ", 1)[1].split("  ")[0] for line in lines if "] step " in line] == [

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 import agentrl
 from agentrl.config import ConfigError, load_config
 from agentrl.env import AgentEnv, Feedback, MessagesSpace, ReplySpace
+from agentrl.faults import EngineLost, EpisodesFailing, RunStalled, failure_message, resume_command
 from agentrl.metrics import read_metrics
 from agentrl.testing import ScriptedPolicy
 from agentrl.train import TrainConfig, train
@@ -369,3 +371,111 @@ def test_a_resumed_run_counts_versions_on_and_keeps_staleness_in_its_bound(tiny_
         json.loads(sorted((run_dir / "checkpoints").iterdir())[-1].joinpath("controller.json").read_text())
     )
     assert state["policy_version"] == versions[-1]
+
+
+class Flaky(AgentEnv):
+    """Say b; the episodes that ``fails(number)`` picks (numbered as they start, from 0) lose their
+    backend at the start, as a sandbox's would when its Docker engine dies."""
+
+    started = 0
+    fails: Any = staticmethod(lambda number: True)
+
+    def __init__(self, split: str = "train"):
+        super().__init__(max_turns=1)
+
+    def start(self, options: dict[str, Any] | None) -> list[Message]:
+        number, Flaky.started = Flaky.started, Flaky.started + 1
+        if Flaky.fails(number):
+            raise ConnectionError("the sandbox backend does not answer")
+        return [Message("user", "Say b")]
+
+    def respond(self, reply: Message) -> Feedback:
+        share = reply.content.count("b") / max(len(reply.content), 1)
+        return Feedback([], reward=share, terminated=True)
+
+
+if "tests/Flaky-v0" not in agentrl.registered_ids():
+    agentrl.register("tests/Flaky-v0", entry_point=Flaky)
+
+
+def test_a_run_whose_every_episode_fails_stops_with_one_message_instead_of_playing_on(
+    tiny_model_dir, tiny_tokenizer, tmp_path, monkeypatch
+):
+    # Without the rule each lost group was replaced by another that failed too, for ever.
+    monkeypatch.setattr(Flaky, "started", 0)
+    monkeypatch.setattr(Flaky, "fails", staticmethod(lambda number: True))
+    run_dir = tmp_path / "run"
+    config = _config(tiny_model_dir, run_dir, "rollout.env_id=tests/Flaky-v0", "max_failed_in_a_row=6")
+    with pytest.raises(EpisodesFailing) as failed:
+        train(config, policy=_scripted(tiny_tokenizer))
+
+    assert re.match(
+        r"\d+ episodes failed one after another \(max_failed_in_a_row 6\), the last with: ConnectionError: "
+        "the sandbox backend does not answer",
+        str(failed.value),
+    ), str(failed.value)
+    assert not (run_dir / "batches.jsonl").exists()  # nothing trained, no failure turned into a sample
+    message = failure_message(failed.value, run_dir, resume_command(["c.yaml"], resume=True))
+    assert message.startswith(f"Training stopped after step 0: {failed.value}") and "agentrl train c.yaml" in message
+
+
+def test_failed_episodes_between_good_ones_are_counted_and_the_run_goes_on(
+    tiny_model_dir, tiny_tokenizer, tmp_path, monkeypatch
+):
+    monkeypatch.setattr(Flaky, "started", 0)
+    monkeypatch.setattr(Flaky, "fails", staticmethod(lambda number: number % 10 == 3))
+    config = _config(tiny_model_dir, tmp_path / "run", "rollout.env_id=tests/Flaky-v0", "max_failed_in_a_row=2")
+    result = train(config, policy=_scripted(tiny_tokenizer))
+
+    steps = _steps(result.run_dir)
+    assert result.steps == 3 and sum(m["rollout/failed"] for m in steps) >= 1
+    assert all(m["rollout/episodes"] - m["rollout/failed"] == 8 for m in steps)  # trained: 2 whole groups
+
+
+@pytest.mark.parametrize("tail_batching", [False, True])
+def test_a_run_whose_episodes_hang_stops_after_stall_timeout_instead_of_waiting_for_ever(
+    tiny_model_dir, tiny_tokenizer, tmp_path, tail_batching
+):
+    config = _config(tiny_model_dir, tmp_path / "run", "stall_timeout=2", f"tail_batching={str(tail_batching).lower()}")
+    hung = _scripted(tiny_tokenizer, delays=[0.0] * 8 + [3600.0] * 100)  # the first step's groups, then nothing
+    with pytest.raises(
+        RunStalled, match=r"no group finished for \d+ s \(stall_timeout 2 s\) while \d+ were being played"
+    ):
+        train(config, policy=hung)
+    assert len(_batches(tmp_path / "run")) == 1
+
+
+@pytest.mark.parametrize("override", ["max_failed_in_a_row=-1", "stall_timeout=-5"])
+def test_negative_fault_limits_are_refused(tiny_model_dir, tmp_path, override):
+    with pytest.raises(ValueError, match="max_failed_in_a_row and stall_timeout must be >= 0"):
+        _config(tiny_model_dir, tmp_path / "run", override)
+
+
+class EngineDeadError(RuntimeError):
+    """Named as vLLM's: the supervisor tells an engine's death by the exception's name."""
+
+
+def test_engine_restarts_are_counted_over_the_run_not_per_command(tiny_model_dir, tmp_path, monkeypatch):
+    # max_engine_restarts=1: the first command spends it; the resumed one must not get another.
+    from agentrl.policies.hf import HFPolicy
+
+    generate, calls, dies_at = HFPolicy.generate, [0], [5]
+
+    async def dying(self, prompt_ids, sampling):
+        calls[0] += 1
+        if calls[0] == dies_at[0]:
+            raise EngineDeadError("EngineCore encountered an issue.")
+        return await generate(self, prompt_ids, sampling)
+
+    monkeypatch.setattr(HFPolicy, "generate", dying)
+    run_dir = tmp_path / "run"
+    common = ("max_engine_restarts=1", "checkpoint_every=1", "resume=true")
+    train(_config(tiny_model_dir, run_dir, "steps=2", *common))
+    steps = _steps(run_dir)
+    assert [m["fault/engine_restarts"] for m in steps] == [1.0, 1.0]
+    seconds = steps[-1]["fault/engine_seconds_lost"]
+
+    dies_at[0] = calls[0] + 3
+    with pytest.raises(EngineLost, match=r"max_engine_restarts=1 allows no more new engines this run \(1 started\)"):
+        train(_config(tiny_model_dir, run_dir, "steps=4", *common))
+    assert all(m["fault/engine_seconds_lost"] >= seconds for m in _steps(run_dir))

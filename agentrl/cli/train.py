@@ -21,7 +21,7 @@ from agentrl.cli.common import (
 from agentrl.cli.progress import train_progress
 from agentrl.config import ConfigError, load_config
 from agentrl.faults import RunFailed, failure_message, native_stderr_to, resume_command, vllm_logs_to, write_traceback
-from agentrl.metrics import policy_metric, read_metrics
+from agentrl.metrics import METRICS_FILE, policy_metric, read_metrics
 from agentrl.registry import is_multiagent
 
 
@@ -98,6 +98,7 @@ def _print_train_summary(config: Any, result: Any) -> None:
     if result.eval_before is None and result.eval_after is None:  # eval_episodes 0: nothing to compare
         console.print(f"{escape(title)}\nheld-out evaluation: off (eval_episodes 0)")
         _print_reported(config, result)
+        _print_faults(result)
         _print_run_files(result)
         return
     table = Table(title=title, title_justify="left")
@@ -122,6 +123,7 @@ def _print_train_summary(config: Any, result: Any) -> None:
             )
     console.print(table)
     _print_reported(config, result)
+    _print_faults(result)
     _print_run_files(result)
 
 
@@ -145,6 +147,46 @@ def _print_reported(config: Any, result: Any) -> None:
             table.add_row(
                 escape(name[len(prefix) :]), f"{first:.3g} (step {first_step})", f"{last:.3g} (step {last_step})"
             )
+    console.print(table)
+
+
+_FAULTS = (
+    ("fault/engine_restarts", "inference engines replaced"),
+    ("fault/engines_lost", "engines lost, the others serving on"),
+    ("fault/env_workers_replaced", "Ray env workers replaced"),
+    ("rollout/failed", "episodes failed (counted, never trained on)"),
+)
+"""The faults the end of ``agentrl train`` reports: metric, label. ``rollout/...`` is per step, the
+``fault/...`` counts are the run's so far."""
+
+
+def faults_survived(entries: list[dict[str, Any]], policies: list[str]) -> list[tuple[str, str]]:
+    """What the run's faults were, from its metrics records: (label, count) for each kind that
+    happened, the counts per policy for a run of several (``[]``: none happened)."""
+    rows = []
+    for name, label in _FAULTS:
+        counts = {}
+        for policy in policies or [None]:
+            metric = name if policy is None else policy_metric(name, policy)
+            values = [entry[metric] for entry in entries if entry.get(metric) is not None]
+            counts[policy] = sum(values) if name.startswith("rollout/") else max(values, default=0.0)
+        if any(counts.values()):
+            rows.append((label, ", ".join(f"{p} {n:.0f}" if p else f"{n:.0f}" for p, n in counts.items())))
+    return rows
+
+
+def _print_faults(result: Any) -> None:
+    if not (Path(result.run_dir) / METRICS_FILE).exists():  # nothing recorded, nothing to say
+        return
+    rows = faults_survived(read_metrics(Path(result.run_dir)), getattr(result, "policies", None) or [])
+    if not rows:
+        console.print("faults the run survived: none")
+        return
+    table = Table(title="faults the run survived", title_justify="left")
+    table.add_column("fault")
+    table.add_column("count", justify="right")
+    for label, count in rows:
+        table.add_row(label, escape(count))
     console.print(table)
 
 

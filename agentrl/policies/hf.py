@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentrl.policies.base import Generation, Sampling
+from agentrl.policies.base import EngineClosed, Generation, Sampling
 from agentrl.policies.lora import AdapterPolicy, check_adapter_config
 
 
@@ -86,6 +86,7 @@ class HFPolicy:
         self.max_batch_size = max_batch_size
         self._version = 0
         self._queue: list[_Request] = []
+        self._batch: list[_Request] = []  # the requests being generated now
         self._wakeup: asyncio.Event | None = None
         self._worker: asyncio.Task[None] | None = None
         self._weights_lock = threading.Lock()  # a weight update never lands mid-batch
@@ -186,11 +187,31 @@ class HFPolicy:
         return await asyncio.to_thread(self.update_weights, named_tensors)
 
     def close(self) -> None:
-        if self._worker is not None and not self._worker.done():
-            self._worker.cancel()
-        self._worker = None
+        """Stop serving, from any thread: the requests queued or in a batch raise
+        :class:`~agentrl.policies.base.EngineClosed` (they had waited for ever), as vLLM's do."""
+        worker, self._worker = self._worker, None
+        if worker is None or worker.done() or worker.get_loop().is_closed():
+            return
+        try:
+            same_loop = asyncio.get_running_loop() is worker.get_loop()
+        except RuntimeError:
+            same_loop = False
+        if same_loop:
+            worker.cancel()
+        else:
+            worker.get_loop().call_soon_threadsafe(worker.cancel)
 
     async def _serve(self) -> None:
+        try:
+            await self._serve_queue()
+        finally:  # closed (or its loop ended): no request is left waiting
+            self._dropped += sum(r.future.done() for r in self._queue)  # callers that gave up
+            for request in self._queue + self._batch:
+                if not request.future.done():
+                    request.future.set_exception(EngineClosed("the hf policy was closed while this request waited"))
+            self._queue, self._batch = [], []
+
+    async def _serve_queue(self) -> None:
         assert self._wakeup is not None
         while True:
             await self._wakeup.wait()
@@ -206,6 +227,7 @@ class HFPolicy:
                 batch = [r for r in live if r.sampling == first and r.adapter == adapter][: self.max_batch_size]
                 for request in batch:
                     self._queue.remove(request)
+                self._batch = batch
                 prompts, futures = [r.prompt_ids for r in batch], [r.future for r in batch]
                 try:
                     results = await asyncio.to_thread(self._generate_batch, prompts, first, futures, adapter)

@@ -38,6 +38,7 @@ import hmac
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
@@ -51,6 +52,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from agentrl.env import AgentEnv, as_agent_env
 from agentrl.registry import is_multiagent, make, make_multiagent, takes_kwarg
+from agentrl.rollout import close_quietly
 from agentrl.server.schemas import (
     AECResponse,
     AgentSpec,
@@ -203,7 +205,7 @@ def make_app(
                                 headers={"Retry-After": str(limits.retry_after)}) from e  # fmt: skip
         try:
             make = _maker(body.env_id, env_spec.kind, body.split if env_spec.takes_split else None, kwargs)
-            env = await _timed(lambda: ENV_THREADS.run(make), limits.step_timeout, "building the env", metrics)
+            env = await _build(make, limits, metrics)
         except HTTPException:
             store.release()
             raise
@@ -456,6 +458,32 @@ async def _env_call(
         raise HTTPException(500, f"The env raised {type(e).__name__} during {call}: {e}") from None
     finally:
         metrics.observe(session.env_id, call, time.perf_counter() - start)
+
+
+async def _build(make: Callable[[], Any], limits: ServerLimits, metrics: _Metrics) -> Any:
+    """``make()`` on an env thread under the step limit. A build past the limit is abandoned (the
+    client gets 504), and the env it makes if it ends after all is closed: nobody will ever use it."""
+    lock = threading.Lock()
+    abandoned = False
+    built: list[Any] = []
+
+    def make_or_close() -> Any:
+        env = make()
+        with lock:
+            if not abandoned:
+                built.append(env)
+                return env
+        close_quietly(env)
+        return env
+
+    try:
+        return await _timed(lambda: ENV_THREADS.run(make_or_close), limits.step_timeout, "building the env", metrics)
+    except BaseException:
+        with lock:
+            abandoned = True
+        for env in built:  # made just as the wait ended: its result reached nobody
+            ENV_THREADS.submit(lambda env=env: close_quietly(env))
+        raise
 
 
 async def _timed(

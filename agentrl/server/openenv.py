@@ -220,8 +220,8 @@ async def _serve_messages(
 
 async def _reset_message(session: Session, data: dict[str, Any], limits: Any, metrics: Any) -> dict[str, Any]:
     seed = data.get("seed")
-    if seed is not None and not isinstance(seed, int):
-        raise HTTPException(422, f"seed must be an integer, got {seed!r}.")
+    if seed is not None and (not isinstance(seed, int) or seed < 0):
+        raise HTTPException(422, f"seed must be an integer >= 0, got {seed!r}.")
     result = await play_reset(session, seed, None, limits, metrics)
     observation = {**result, "terminated": False, "truncated": False}
     return {"type": "observation", "data": {"observation": {"messages": observation.pop("observation"), **observation},

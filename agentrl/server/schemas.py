@@ -72,7 +72,7 @@ class EnvList(BaseModel):
 class CreateSession(_Body):
     env_id: str = Field(max_length=200)
     split: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,32}$", description="e.g. train or test")
-    seed: int | None = Field(default=None, description="the first reset's seed, if reset gives none")
+    seed: int | None = Field(default=None, ge=0, description="the first reset's seed, if reset gives none")
     env_kwargs: dict[str, Any] = Field(default_factory=dict, description="only names the server allows")
 
 
@@ -84,7 +84,7 @@ class SessionCreated(BaseModel):
 
 
 class ResetRequest(_Body):
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, description="gymnasium's envs take no negative seed")
     options: dict[str, Any] | None = None
 
 

@@ -158,6 +158,9 @@ def _train(config: TrainConfig, progress: Progress, lent: Policy | None) -> Trai
             p: Lane(p, served[p], trainers.get(p), policies[p], config, state.lanes.setdefault(p, LaneState()))
             for p in policies
         }
+        serving.count_restarts_from(
+            {p: (lane.state.engine_restarts, lane.state.engine_seconds_lost) for p, lane in lanes.items()}
+        )
         for lane in lanes.values():
             if lane.trainer is None:
                 continue

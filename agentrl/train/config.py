@@ -213,7 +213,11 @@ class TrainConfig:
     resume: bool = True
     """Continue from the newest checkpoint in run_dir when there is one."""
     max_engine_restarts: int = 3
-    """Times a dead inference engine (vLLM's engine core, a Ray policy actor) is replaced by a new one with the last weights in one run of the command; one more death ends the run (0: the first does). Per engine: each ``weights: full`` policy's (a single-agent run's one policy), and the shared engine of the LoRA policies, whose adapters are made again on its replacement."""
+    """Times a dead inference engine (vLLM's engine core, a Ray policy actor) is replaced by a new one with the last weights, counted over the whole run (a resumed command goes on counting); one more death ends the run (0: the first does). Per engine: each ``weights: full`` policy's (a single-agent run's one policy), and the shared engine of the LoRA policies, whose adapters are made again on its replacement."""
+    max_failed_in_a_row: int = 32
+    """Episodes that fail one after another (an env that raised or hung, a sandbox or the Docker engine lost, the env server unreachable, an engine lost) before the run stops with one message (0: never). A failed episode is never trained on; one that succeeds starts the count again."""
+    stall_timeout: float = 1800.0
+    """Seconds without a finished group, while groups are being played, before the run stops with one message (0: never). Raise it for episodes that take longer than this."""
     export: bool = True
     """Save the trained model as a transformers checkpoint in run_dir/model at the end."""
     tensorboard: bool = False
@@ -287,6 +291,11 @@ class TrainConfig:
         if self.max_engine_restarts < 0:
             raise ValueError(
                 f"max_engine_restarts must be >= 0 (0: the first engine death ends the run), got {self.max_engine_restarts}."
+            )
+        if self.max_failed_in_a_row < 0 or self.stall_timeout < 0:
+            raise ValueError(
+                f"max_failed_in_a_row and stall_timeout must be >= 0 (0: never stop for that), got "
+                f"{self.max_failed_in_a_row} and {self.stall_timeout}."
             )
         if self.tail_batching and (self.max_staleness != 0 or self.tail_extra <= 0):
             raise ValueError(

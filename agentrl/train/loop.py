@@ -28,6 +28,7 @@ from typing import Any
 
 from agentrl.build import build_rollout, rollout_settings, sampling_of
 from agentrl.dashboard.records import sample_kind, sample_records, write_samples
+from agentrl.faults import EpisodesFailing, RunStalled
 from agentrl.metrics import MetricsLogger, policy_metric
 from agentrl.policies import Policy
 from agentrl.policies.router import RouterPolicy
@@ -112,6 +113,9 @@ class Controller:
         self.arrived: dict[int, list[list[Trajectory]]] = {}
         """The groups in flight: the episodes each has so far."""
         self.failed_episodes = 0
+        self.failed_in_a_row = 0
+        """Episodes failed since the last one that did not (:attr:`TrainConfig.max_failed_in_a_row`)."""
+        self._finished_at = 0.0  # when a group last finished, or groups were played again after none was
         self.changed = asyncio.Condition()
         self._draining: set[asyncio.Task[None]] = set()
         self._drain_error: BaseException | None = None
@@ -160,6 +164,7 @@ class Controller:
         producer = None if self.config.tail_batching else asyncio.create_task(self._produce())
         if producer is not None:  # a producer that raised starts no group again: the lanes raise it
             producer.add_done_callback(self._drained)
+        watchdog = asyncio.create_task(self._watch()) if self.config.stall_timeout else None
         try:
             if producer is None:
                 while self.active:  # every training policy steps on each round's groups
@@ -178,9 +183,10 @@ class Controller:
             else:
                 await asyncio.gather(*(self._train_lane(lane) for lane in list(self.active)))
         finally:
-            if producer is not None:
-                producer.cancel()
-                await asyncio.gather(producer, return_exceptions=True)
+            for task in (producer, watchdog):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
             self.state.abandoned_groups += sorted(self.arrived)
             for number in self.arrived:  # never to arrive: no policy may wait for them next stage
                 for lane in self.lanes.values():
@@ -266,8 +272,33 @@ class Controller:
         """A chunk's stream, or the producer, ended. An exception there (a setup error: the env
         cannot be made, say) is kept and raised by the lanes, which would otherwise wait forever."""
         self._draining.discard(task)
-        if not task.cancelled() and task.exception() is not None and self._drain_error is None:
-            self._drain_error = task.exception()
+        if not task.cancelled() and task.exception() is not None:
+            self._stop(task.exception())  # type: ignore[arg-type]
+
+    def _stop(self, error: BaseException) -> None:
+        """End the run with ``error``: the lanes, which look for it at least once a second, raise it."""
+        if self._drain_error is None:
+            self._drain_error = error
+
+    async def _watch(self) -> None:
+        """Stop the run when no group has finished for ``stall_timeout`` seconds while some were
+        played (the clock stands while none is: the trainer stepping, a stage changing)."""
+        limit = self.config.stall_timeout
+        self._finished_at = time.monotonic()
+        while True:
+            await asyncio.sleep(min(limit / 4, 5.0))
+            idle = time.monotonic() - self._finished_at
+            if not self.arrived:
+                self._finished_at = time.monotonic()
+            elif idle > limit:
+                self._stop(
+                    RunStalled(
+                        f"no group finished for {idle:.0f} s (stall_timeout {limit:g} s) while {len(self.arrived)} "
+                        "were being played: an env, a sandbox, the env server or an engine hangs. Find what "
+                        "in the run's log; raise stall_timeout if episodes really take this long."
+                    )
+                )
+                return
 
     async def _drain(self, chunk: list[int]) -> None:
         async for episode in self.rollout.stream_episodes(groups=chunk):
@@ -283,7 +314,17 @@ class Controller:
     def _arrive(self, episode: list[Trajectory]) -> bool:
         """One episode ended; whether it finished its group (``group_size`` good episodes, or all
         of them). Episodes of a finished group are redundant and dropped."""
-        self.failed_episodes += any(t.error is not None for t in episode)
+        errors = [t.error for t in episode if t.error is not None]
+        self.failed_episodes += bool(errors)
+        self.failed_in_a_row = self.failed_in_a_row + 1 if errors else 0
+        limit = self.config.max_failed_in_a_row
+        if limit and self.failed_in_a_row >= limit:
+            self._stop(
+                EpisodesFailing(
+                    f"{self.failed_in_a_row} episodes failed one after another (max_failed_in_a_row {limit}), "
+                    f"the last with: {errors[0]}"
+                )
+            )
         number = self._number(episode[0].group_id)
         episodes = self.arrived.get(number)
         if episodes is None:  # redundant, or its group was aborted
@@ -300,6 +341,7 @@ class Controller:
         """Group ``number`` is done: each training policy gets its samples of it as one group, or
         counts the group lost (too few good episodes, or no sample for it)."""
         self.state.finished_groups.append(number)
+        self._finished_at = time.monotonic()
         policies = {lane.policy_id for lane in self.active}
         samples = self.samples.split(good, policies) if len(good) >= self.group_size else {}
         group_id = self.rollout.group_id(number)
@@ -385,6 +427,8 @@ class Controller:
         short = lambda: [lane for lane in lanes if len(batches[lane.policy_id]) < need]  # noqa: E731
         try:
             while pending := short():
+                if self._drain_error is not None:
+                    raise self._drain_error
                 got = await asyncio.gather(
                     *(lane.buffer.get(need - len(batches[lane.policy_id]), timeout=1.0) for lane in pending)
                 )
@@ -687,6 +731,10 @@ class Controller:
 
     def _checkpoint_parts(self) -> tuple[Any, ...]:
         # Taken on the loop, in one go: the buffers and the state are consistent with each other.
+        for lane in self.lanes.values():
+            if isinstance(lane.policy, EngineSupervisor):
+                lane.state.engine_restarts = lane.policy.restarts
+                lane.state.engine_seconds_lost = lane.policy.seconds_lost
         trainers = {p: lane.trainer.state_dict() for p, lane in self.lanes.items() if lane.trainer is not None}
         buffered = [t for lane in self.lanes.values() for group in lane.buffer.ready_groups() for t in group]
         # Groups still running are neither finished nor abandoned: a resume replays them.

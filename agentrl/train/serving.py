@@ -61,7 +61,7 @@ class Serving:
         self.lent = lent
         self.own: dict[str, Policy] = {}
         """The engines of the ``weights: full`` policies, by policy id."""
-        self.adapters: list[Policy] = []  # served by a lent host; closed with the run
+        self.adapters: dict[str, Policy] = {}  # by policy id; of a lent host, closed with the run
         lora = [p for p, s in policies.items() if s.weights == "lora"]
         full = [p for p, s in policies.items() if s.weights == "full"]
         on_lent = None
@@ -160,8 +160,20 @@ class Serving:
             return self.host
         assert isinstance(trainer, Trainer)
         adapter = self.host.adapter(policy_id, adapter_config(trainer.model))  # type: ignore[attr-defined]
-        self.adapters.append(adapter)
+        self.adapters[policy_id] = adapter
         return adapter  # type: ignore[no-any-return]
+
+    def count_restarts_from(self, spent: Mapping[str, tuple[int, float]]) -> None:
+        """The engine restarts (and the seconds they cost) that the run's earlier commands spent, by
+        policy id, counted on by this command's supervisors: ``max_engine_restarts`` bounds a run. The
+        shared LoRA engine has spent what the most of its policies saw."""
+        on_host = [p for p in spent if p not in self.own]
+        for policy_id, (restarts, seconds) in spent.items():
+            engine = self.own.get(policy_id) or self.adapters.get(policy_id)
+            if isinstance(engine, EngineSupervisor):
+                engine.restarts, engine.seconds_lost = restarts, seconds
+        if isinstance(self.host, EngineSupervisor) and on_host:
+            self.host.restarts, self.host.seconds_lost = max(spent[p] for p in on_host)
 
     def lends(self, policy: Policy) -> bool:
         """Whether ``policy`` plays on the engine the caller lent (whose weights may be anything)."""
@@ -190,7 +202,9 @@ class Serving:
         closing = [
             p for p in self.own.values() if p not in lent and all(p is not c.policy for c in self.clusters.values())
         ]
-        closing += self.adapters if self.host is self.lent else [self.host] if self.host is not None else []
+        closing += (
+            list(self.adapters.values()) if self.host is self.lent else [self.host] if self.host is not None else []
+        )
         for policy in closing:
             try:
                 policy.close()

@@ -38,6 +38,11 @@ class LaneState:
     policy_version: int = 0
     """Its version after its last step, counted over the whole run (an engine started anew on resume
     counts from its own start; the difference is added back)."""
+    engine_restarts: int = 0
+    """Engines started to replace its dead one over the whole run: a resumed command goes on counting,
+    so that ``max_engine_restarts`` bounds the run, not each command of it."""
+    engine_seconds_lost: float = 0.0
+    """Seconds those restarts cost, over the whole run."""
 
 
 @dataclass

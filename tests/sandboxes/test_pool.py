@@ -357,6 +357,33 @@ def test_shared_pools_are_per_spec_and_role_and_grow(monkeypatch: pytest.MonkeyP
     close_pools()
 
 
+def test_two_threads_renewing_one_lease_at_once_hold_one_sandbox_between_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # renew() used to take from the pool outside its lock: two callers at once each took a sandbox,
+    # and the one overwritten never went back (its pool slot was gone for good).
+    made: list[FakeSandbox] = []
+
+    def slow_make(self: SandboxSpec) -> FakeSandbox:
+        time.sleep(0.3)  # the pool makes sandboxes on demand: a slow one keeps the window open
+        made.append(FakeSandbox())
+        return made[-1]
+
+    monkeypatch.setattr(SandboxSpec, "make", slow_make)
+    close_pools()
+    spec = SandboxSpec("local")
+    lease = Lease(spec, 2, "agent")
+    got: list[Sandbox] = []
+    threads = [threading.Thread(target=lambda: got.append(lease.renew())) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert len(got) == 2 and got[0] is got[1] and len(made) == 1
+    lease.release()
+    pool = shared_pool(spec, 2, "agent")
+    assert eventually(lambda: pool.idle == 1) and pool.in_use == 0  # given back, reset, for the next caller
+    close_pools()
+
+
 # --- on the real backends ------------------------------------------------------------------------
 
 

@@ -195,6 +195,9 @@ BAD_INPUTS = [
         422,
     ),
     ("wrong types", "POST", "/sessions", {"json": {"env_id": 3, "seed": "x"}}, 422),
+    # gymnasium refuses a negative seed: the client's mistake, 422, not the env's 500 at the first reset
+    ("a negative seed", "POST", "/sessions", {"json": {"env_id": COUNTER, "seed": -1}}, 422),
+    ("a reset with a negative seed", "RESET", "", {"json": {"seed": -1}}, 422),
     ("an unknown field", "POST", "/sessions", {"json": {"env_id": COUNTER, "evil": 1}}, 422),
     ("a body of 10 MB", "POST", "/sessions", {"content": b"x" * (10 << 20)}, 413),
     ("an unknown env", "POST", "/sessions", {"json": {"env_id": "agentrl/Nope-v0"}}, 404),
@@ -228,6 +231,9 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("name", "method", "path", "kwargs", "status"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_gets_its_documented_status_and_the_server_keeps_serving(server, name, method, path, kwargs, status):
+    if method == "RESET":
+        sid = create(server).json()["session_id"]
+        method, path = "POST", f"/sessions/{sid}/reset"
     if method == "STEP":
         sid = create(server).json()["session_id"]
         httpx.post(f"{server}/sessions/{sid}/reset", json={"seed": 0})
@@ -471,3 +477,35 @@ def test_a_broken_sessions_env_is_closed_when_the_session_goes():
         assert httpx.post(f"{url}/sessions/{sid}/step", json={"reply": "1.5"}).status_code == 504
         assert httpx.delete(f"{url}/sessions/{sid}").status_code == 204
         assert closed.wait(5)  # closed although its step still runs in an abandoned thread
+
+
+class SlowBuild(Counter):
+    """Takes a second to make; each one made is remembered, so that a test can see it closed."""
+
+    made: list[SlowBuild] = []
+
+    def __init__(self, split: str = "train"):
+        time.sleep(1.0)
+        super().__init__(split)
+        self.closed = False
+        SlowBuild.made.append(self)
+
+    def close(self):
+        self.closed = True
+
+
+def test_an_env_built_after_its_build_timed_out_is_closed():
+    # The client got 504 and holds no session: had the late env not been closed, its sandboxes or
+    # processes would live as long as the server.
+    agentrl.register("test/ServerSlowBuild-v0", SlowBuild)
+    try:
+        with ServerThread(make_app(["test/ServerSlowBuild-v0"], limits=ServerLimits(step_timeout=0.3))) as url:
+            SlowBuild.made.clear()  # the server made (and closed) a probe at start, to list the env
+            answer = create(url, "test/ServerSlowBuild-v0")
+            assert answer.status_code == 504 and "building the env" in answer.text
+            deadline = time.monotonic() + 5
+            while not (SlowBuild.made and SlowBuild.made[0].closed) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert len(SlowBuild.made) == 1 and SlowBuild.made[0].closed
+    finally:
+        del gym.registry["test/ServerSlowBuild-v0"]

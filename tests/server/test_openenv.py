@@ -119,6 +119,8 @@ def test_openenv_clients_get_openenv_errors_and_the_server_limits(agentrl_server
             await a.reset(seed=0)
             with pytest.raises(RuntimeError, match="message"):
                 await a.step({"reply": "wrong field"})
+            with pytest.raises(RuntimeError, match="seed must be an integer >= 0, got -1"):  # not the env's error
+                await a.reset(seed=-1)
             await b.reset(seed=1)
             third = GenericEnvClient(base_url=base)
             with pytest.raises(RuntimeError, match="CAPACITY_REACHED"):
