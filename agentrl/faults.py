@@ -59,6 +59,13 @@ class RunStalled(RunFailed):
     episodes wait on hangs, and the run stops instead of waiting for ever."""
 
 
+class WeightsMismatch(RunFailed):
+    """The engine's log-probs of its own sample, right after a weight sync, differ from the trainer's
+    by more than ``probe_tolerance``: it serves other weights than the trainer sent (an update that
+    never arrived, a restart that loaded old ones), and training on its samples would be off-policy
+    without anyone knowing."""
+
+
 def error_chain(error: BaseException) -> Iterator[BaseException]:
     """``error`` and the exceptions it was raised from or during, innermost last."""
     seen: set[int] = set()

@@ -110,10 +110,15 @@ METRICS: Mapping[str, str] = {
     "perf/time_select": "curriculum: seconds spent choosing prompts since the last step (PCL: env resets, value model scoring and update)",
     "perf/time_step": "wall seconds of the whole step (less than the sum of the phases when they overlap)",
     # Faults the run survived (single-policy runs; see agentrl.policies.supervisor).
-    "fault/engine_restarts": "inference engines started so far in this run of the command to replace one that died",
+    "fault/engine_restarts": "inference engines started so far in this run (across resumes) to replace one that died",
     "fault/engine_seconds_lost": (
         "seconds so far from an engine's death being noticed to its replacement serving the last weights "
         "(generation waited that long; the episodes the death cut short are in rollout/failed)"
+    ),
+    "fault/adapter_probe_gap": (
+        "probe_every: right after this step's weight sync, the mean absolute difference between the engine's and "
+        "the trainer's log-probs of a few tokens the engine sampled: about 0 when the engine serves the adapter (or full weights) the trainer "
+        "sent; past probe_tolerance the run stops"
     ),
     "fault/env_workers_replaced": "rollout.ray_address: Ray env workers that died and were replaced so far (their unstarted groups replayed, the rest counted failed)",
     # Several engines behind the router (cluster.engines; see agentrl.policies.router).

@@ -260,5 +260,10 @@ def test_a_killed_shared_lora_engine_of_a_multi_policy_run_is_replaced_and_it_fi
         groups = [g for line in (run_dir / "batches.jsonl").read_text().splitlines()
                   for g in json.loads(line)["groups"] if json.loads(line)["policy"] == policy]  # fmt: skip
         assert len(groups) == len(set(groups)) == 8, groups
+    # the weights probe ran at each policy's first step after the restart: the new engine serves
+    # each adapter the trainer sent
+    for policy in ("sayer_a", "sayer_b"):
+        probes = [m[f"fault/{policy}/adapter_probe_gap"] for m in metrics if f"fault/{policy}/adapter_probe_gap" in m]
+        assert probes and max(probes) <= 1e-3, probes
     # the end of the run says what it survived
     assert re.search(r"inference engines replaced\s*│?\s*sayer_a 1, sayer_b 1", out), out[-2000:]

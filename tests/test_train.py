@@ -479,3 +479,26 @@ def test_engine_restarts_are_counted_over_the_run_not_per_command(tiny_model_dir
     with pytest.raises(EngineLost, match=r"max_engine_restarts=1 allows no more new engines this run \(1 started\)"):
         train(_config(tiny_model_dir, run_dir, "steps=4", *common))
     assert all(m["fault/engine_seconds_lost"] >= seconds for m in _steps(run_dir))
+
+
+def test_the_weights_probe_finds_the_engine_serving_what_the_trainer_sent(tiny_model_dir, tmp_path):
+    result = train(_config(tiny_model_dir, tmp_path / "run", "steps=2", "probe_every=1"))
+    gaps = [m["fault/adapter_probe_gap"] for m in _steps(result.run_dir)]
+    assert len(gaps) == 2 and max(gaps) < 1e-4, gaps  # fp32 on both sides
+
+
+def test_an_update_that_never_reaches_the_engine_stops_the_run_at_the_next_probe(tiny_model_dir, tmp_path, monkeypatch):
+    # verl #7495's failure: the sync "succeeds", the engine keeps its old weights, the metrics look normal.
+    from agentrl.faults import WeightsMismatch
+    from agentrl.policies.hf import HFPolicy
+
+    def lost(self, named_tensors):
+        list(named_tensors)
+        self._version += 1
+        return self._version
+
+    monkeypatch.setattr(HFPolicy, "update_weights", lost)
+    config = _config(tiny_model_dir, tmp_path / "run", "steps=3", "probe_every=1", "probe_tolerance=1e-3")
+    with pytest.raises(WeightsMismatch, match=r"policy default's engine serves other weights than its trainer sent: "
+                       r"right after step 1's sync"):  # fmt: skip
+        train(config)

@@ -538,6 +538,16 @@ class Trainer:
         )
         return None if scores is None else scores.nll
 
+    def logprob_gap(self, trajectories: Sequence[Trajectory]) -> float:
+        """The mean |log-prob under the weights held now - the recorded log-prob| over the generated
+        tokens of ``trajectories``, at the sampling temperature: about 0 when the engine that sampled
+        them serves exactly these weights (the training job's weights probe)."""
+        batch = collate(trajectories, self.pad_token_id).to(self.device)
+        with torch.no_grad():
+            mine = self._logprobs(self.model, batch)
+        mask = batch.loss_mask.to(mine.dtype)
+        return float(((mine - batch.behaviour_logprobs).abs() * mask).sum() / mask.sum().clamp(min=1))
+
     # --- weights and state -----------------------------------------------------------------------
 
     def inference_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

@@ -218,6 +218,10 @@ class TrainConfig:
     """Episodes that fail one after another (an env that raised or hung, a sandbox or the Docker engine lost, the env server unreachable, an engine lost) before the run stops with one message (0: never). A failed episode is never trained on; one that succeeds starts the count again."""
     stall_timeout: float = 1800.0
     """Seconds without a finished group, while groups are being played, before the run stops with one message (0: never). Raise it for episodes that take longer than this."""
+    probe_every: int = 10
+    """Every this many steps of a policy, and at its first step after an engine restart, its engine samples a few tokens right after the weight sync and the trainer scores them (``fault/adapter_probe_gap``); a gap past ``probe_tolerance`` stops the run. 0: never. Trainers in this process (not ``cluster:`` ranks)."""
+    probe_tolerance: float = 0.1
+    """The largest ``fault/adapter_probe_gap`` a run accepts, nats per token (fp32 on a CPU gives about 1e-5; an engine in bf16 about 1e-2)."""
     export: bool = True
     """Save the trained model as a transformers checkpoint in run_dir/model at the end."""
     tensorboard: bool = False
@@ -291,6 +295,11 @@ class TrainConfig:
         if self.max_engine_restarts < 0:
             raise ValueError(
                 f"max_engine_restarts must be >= 0 (0: the first engine death ends the run), got {self.max_engine_restarts}."
+            )
+        if self.probe_every < 0 or self.probe_tolerance <= 0:
+            raise ValueError(
+                f"probe_every must be >= 0 (0: no probe) and probe_tolerance > 0, got {self.probe_every} and "
+                f"{self.probe_tolerance}."
             )
         if self.max_failed_in_a_row < 0 or self.stall_timeout < 0:
             raise ValueError(

@@ -65,6 +65,7 @@ class Lane:
         self.filtered = 0  # groups filtered out in this session (they free room like lost ones)
         self.filtered_reported = 0
         self.lock = asyncio.Lock()  # a checkpoint never sees a step half done
+        self.probed_restarts = 0  # the engine restarts when its weights were last probed
 
     def weights(self) -> Any:
         """What the engine loads after a step: the adapter's tensors, or every tensor of the model."""

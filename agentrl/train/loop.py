@@ -28,9 +28,9 @@ from typing import Any
 
 from agentrl.build import build_rollout, rollout_settings, sampling_of
 from agentrl.dashboard.records import sample_kind, sample_records, write_samples
-from agentrl.faults import EpisodesFailing, RunStalled
+from agentrl.faults import EpisodesFailing, RunStalled, WeightsMismatch
 from agentrl.metrics import MetricsLogger, policy_metric
-from agentrl.policies import Policy
+from agentrl.policies import Policy, Sampling
 from agentrl.policies.router import RouterPolicy
 from agentrl.policies.supervisor import EngineSupervisor
 from agentrl.rollout import RolloutStats, group_env_seed
@@ -43,9 +43,13 @@ from agentrl.train.samples import SampleMaker
 from agentrl.train.state import RunState, append_json
 from agentrl.trainers.checkpoint import save_checkpoint
 from agentrl.trainers.curriculum import PromptCurriculum, closest_to_target
+from agentrl.trainers.trainer import Trainer
 from agentrl.types import Trajectory
 
 log = logging.getLogger(__name__)
+
+PROBE_TOKENS = 8
+"""Tokens the engine samples for the weights probe (``probe_every``)."""
 
 
 @dataclass
@@ -294,8 +298,8 @@ class Controller:
                 self._stop(
                     RunStalled(
                         f"no group finished for {idle:.0f} s (stall_timeout {limit:g} s) while {len(self.arrived)} "
-                        "were being played: an env, a sandbox, the env server or an engine hangs. Find what "
-                        "in the run's log; raise stall_timeout if episodes really take this long."
+                        "were being played: an env, a sandbox, the env server or an engine hangs (the run's "
+                        "train.log may say which); raise stall_timeout if episodes really take this long."
                     )
                 )
                 return
@@ -514,6 +518,8 @@ class Controller:
                 self._record_step(lane, metrics, groups, lane.buffer.version + 1, rollout_seconds)
                 raise
             metrics["perf/time_sync"] = time.perf_counter() - synced
+            if self._weights_probe_due(lane):
+                metrics["fault/adapter_probe_gap"] = await self._probe_weights(lane, groups[0][0])
             lane.buffer.set_version(version)
             lane.window.trained(len(groups))
             lane.count_dropped(self.numbers)
@@ -526,6 +532,39 @@ class Controller:
             await self._evaluate()
         async with self.changed:
             self.changed.notify_all()
+
+    def _weights_probe_due(self, lane: Lane) -> bool:
+        """Whether ``lane``'s weights are probed after this step's sync: every ``probe_every`` steps,
+        and at the first step after its engine was replaced."""
+        if not self.config.probe_every or not isinstance(lane.trainer, Trainer):
+            return False
+        restarts = lane.policy.restarts if isinstance(lane.policy, EngineSupervisor) else 0
+        due = lane.state.step % self.config.probe_every == 0 or restarts != lane.probed_restarts
+        lane.probed_restarts = restarts
+        return due
+
+    async def _probe_weights(self, lane: Lane, sample: Trajectory) -> float:
+        """The engine, just synced, samples a few tokens after ``sample``'s prompt and the trainer
+        scores them (:meth:`~agentrl.trainers.trainer.Trainer.logprob_gap`); past
+        ``probe_tolerance`` the run ends (:class:`~agentrl.faults.WeightsMismatch`)."""
+        assert isinstance(lane.trainer, Trainer)
+        prompt = sample.token_ids[: sample.prompt_length]
+        sampling = Sampling(max_tokens=PROBE_TOKENS, temperature=lane.trainer.config.temperature or 1.0, seed=0)
+        generation = await lane.policy.generate(prompt, sampling)
+        n, p = len(generation.token_ids), len(prompt)
+        probe = Trajectory(
+            token_ids=prompt + list(generation.token_ids), loss_mask=[0] * p + [1] * n,
+            logprobs=[0.0] * p + list(generation.logprobs), versions=[-1] * p + [generation.version] * n,
+            prompt_length=p, turn_ends=[p + n - 1], turn_rewards=[0.0],
+        )  # fmt: skip
+        gap = await asyncio.to_thread(lane.trainer.logprob_gap, [probe])
+        if gap > self.config.probe_tolerance:
+            raise WeightsMismatch(
+                f"policy {lane.policy_id}'s engine serves other weights than its trainer sent: right after step "
+                f"{lane.state.step}'s sync its log-probs of its own {n}-token sample differ from the trainer's by "
+                f"{gap:.3g} per token (probe_tolerance {self.config.probe_tolerance:g}); an update did not reach it"
+            )
+        return gap
 
     def _record_step(
         self,

@@ -213,7 +213,9 @@ def test_the_page_follows_a_run_as_it_trains_and_shows_its_trajectories(
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     run_dir = tmp_path / "live"
     job = threading.Thread(
-        target=train, args=(config(tiny_model_dir, run_dir, "steps=10", "eval_every=0", "eval_episodes=0"),),
+        target=train,
+        # probe_every=0: the scripted policy's log-probs are made up, and a probe would end the run at step 10
+        args=(config(tiny_model_dir, run_dir, "steps=10", "eval_every=0", "eval_episodes=0", "probe_every=0"),),
         kwargs={"policy": scripted(tiny_tokenizer, delay=0.3)}, daemon=True,
     )  # fmt: skip
     with ServerThread(make_dashboard([run_dir])) as url:

@@ -257,6 +257,10 @@ def _data_parallel_worker(rank: int, world: int, init_file: str, model_dir: str,
         trainer.step(trajectories[rank * share : (rank + 1) * share])
         if rank == 0:
             torch.save({"grads": _grads(trainer)}, out)
+        # Both ranks leave together: rank 1 aborted once in gloo's teardown ("terminate called without an
+        # active exception") while rank 0 was still saving, in a loaded quick-tier run (not reproduced
+        # in 8 runs alone under load).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
