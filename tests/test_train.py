@@ -502,3 +502,5 @@ def test_an_update_that_never_reaches_the_engine_stops_the_run_at_the_next_probe
     with pytest.raises(WeightsMismatch, match=r"policy default's engine serves other weights than its trainer sent: "
                        r"right after step 1's sync"):  # fmt: skip
         train(config)
+    (step,) = _steps(tmp_path / "run")  # the step's row is written, with the gap that ended the run
+    assert step["fault/adapter_probe_gap"] > 1e-3

@@ -527,6 +527,7 @@ class Controller:
         if finishing and lane in self.active:
             self.active.remove(lane)
         self._record_step(lane, metrics, groups, version, rollout_seconds)
+        self._check_probe(lane, metrics.get("fault/adapter_probe_gap"))  # after its row: the gap is on record
         self.progress.on_advance(metrics)
         if self.config.eval_every and lane.state.step % self.config.eval_every == 0 and self.active:
             await self._evaluate()
@@ -546,7 +547,7 @@ class Controller:
     async def _probe_weights(self, lane: Lane, sample: Trajectory) -> float:
         """The engine, just synced, samples a few tokens after ``sample``'s prompt and the trainer
         scores them (:meth:`~agentrl.trainers.trainer.Trainer.logprob_gap`); past
-        ``probe_tolerance`` the run ends (:class:`~agentrl.faults.WeightsMismatch`)."""
+        ``probe_tolerance`` the step's row is written and the run ends (:meth:`_check_probe`)."""
         assert isinstance(lane.trainer, Trainer)
         prompt = sample.token_ids[: sample.prompt_length]
         sampling = Sampling(max_tokens=PROBE_TOKENS, temperature=lane.trainer.config.temperature or 1.0, seed=0)
@@ -557,14 +558,17 @@ class Controller:
             logprobs=[0.0] * p + list(generation.logprobs), versions=[-1] * p + [generation.version] * n,
             prompt_length=p, turn_ends=[p + n - 1], turn_rewards=[0.0],
         )  # fmt: skip
-        gap = await asyncio.to_thread(lane.trainer.logprob_gap, [probe])
-        if gap > self.config.probe_tolerance:
+        return await asyncio.to_thread(lane.trainer.logprob_gap, [probe])
+
+    def _check_probe(self, lane: Lane, gap: float | None) -> None:
+        """End the run (:class:`~agentrl.faults.WeightsMismatch`) when this step's probe gap is past ``probe_tolerance``."""
+        if gap is not None and gap > self.config.probe_tolerance:
             raise WeightsMismatch(
                 f"policy {lane.policy_id}'s engine serves other weights than its trainer sent: right after step "
-                f"{lane.state.step}'s sync its log-probs of its own {n}-token sample differ from the trainer's by "
-                f"{gap:.3g} per token (probe_tolerance {self.config.probe_tolerance:g}); an update did not reach it"
+                f"{lane.state.step}'s sync its log-probs of its own {PROBE_TOKENS}-token sample (or fewer) differ "
+                f"from the trainer's by {gap:.3g} per token (probe_tolerance {self.config.probe_tolerance:g}); an "
+                "update did not reach it"
             )
-        return gap
 
     def _record_step(
         self,
