@@ -107,6 +107,7 @@ def rollout_settings(config: EngineConfig, **changes: Any) -> RolloutSettings:
         limits=limits_of(config),
         group_size=config.group_size,
         redundancy=config.redundancy,
+        episode_retries=config.episode_retries,
         concurrency=config.concurrency,
         seed=config.seed,
     )

@@ -68,6 +68,8 @@ class EngineConfig:
     """Episodes per task (same env seed, independent samples), sharing a group id."""
     redundancy: int = 0
     """Extra episodes started per group; the first ``group_size`` to finish are kept."""
+    episode_retries: int = 2
+    """Times an episode that failed for the infrastructure (env raised or hung, engine failed) is played again in a fresh env, same seeds, before it counts as failed; the policy's own results (malformed output, limits) are never retried."""
     concurrency: int = 64
     """Most episodes running at once."""
     max_turns: int = 6
@@ -96,6 +98,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.group_size < 1:
             raise ValueError(f"group_size must be positive, got {self.group_size}.")
+        if self.episode_retries < 0:
+            raise ValueError(f"episode_retries must be 0 or more, got {self.episode_retries}.")
         if "split" in self.env_kwargs:
             raise ValueError(
                 "env_kwargs must not set split: `agentrl train` plays the train split and evaluates on test, "

@@ -120,6 +120,13 @@ METRICS: Mapping[str, str] = {
         "the trainer's log-probs of a few tokens the engine sampled: about 0 when the engine serves the adapter (or full weights) the trainer "
         "sent; past probe_tolerance the run stops"
     ),
+    "fault/env_error": "episode tries so far (retried ones included) that failed because the env raised in a reset or a step: the env itself, its env server, sandbox or Docker engine",
+    "fault/env_timeout": "episode tries so far that failed because an env reset or step ran past turn_timeout (or the episode past episode_timeout during one)",
+    "fault/engine_error": "episode tries so far that failed because a generation raised: the engine died or refused the request",
+    "fault/engine_timeout": "episode tries so far that failed because a generation ran past turn_timeout (max_tokens bounds what the policy may write: a hung or swamped engine)",
+    "fault/worker_died": "rollout.ray_address: episodes so far lost with the Ray env worker playing them",
+    "fault/episodes_retried": "episode tries so far played again in a fresh env, same seeds, after a fault (rollout.episode_retries per episode); only the last try is ever trained on",
+    "fault/groups_replaced": "groups so far left short of group_size good episodes after every retry: never trained on, each replaced by a new group",
     "fault/env_workers_replaced": "rollout.ray_address: Ray env workers that died and were replaced so far (their unstarted groups replayed, the rest counted failed)",
     # Several engines behind the router (cluster.engines; see agentrl.policies.router).
     "fault/engines_lost": "cluster: inference engines that died so far (their episodes went on on the others)",

@@ -14,7 +14,14 @@ import agentrl
 from agentrl import AgentEnv, Feedback, Message
 from agentrl.agents import ChatAgent
 from agentrl.policies import Sampling
-from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout, TrajectoryBuffer, run_episode
+from agentrl.rollout import (
+    EpisodeLimits,
+    RolloutSettings,
+    SingleAgentRollout,
+    TrajectoryBuffer,
+    fault_kind,
+    run_episode,
+)
 from agentrl.testing import ScriptedPolicy
 
 
@@ -108,6 +115,7 @@ def test_faults_end_only_their_episode_and_are_counted(tiny_tokenizer):
         make_env=lambda: Say(fail_on="BOOM", hang_on="HANG"),
         group_size=1,
         concurrency=1,
+        episode_retries=0,
         limits=EpisodeLimits(turn_timeout=0.5),
     )
     started = time.perf_counter()
@@ -119,6 +127,59 @@ def test_faults_end_only_their_episode_and_are_counted(tiny_tokenizer):
     assert engine.stats.failed == 2 and dict(engine.stats.failure_causes) == {"EpisodeTimeout": 1, "RuntimeError": 1}
     failed = [t for t in trajectories if t.error]
     assert all(t.info["failed_during"].startswith("step") for t in failed)
+    assert sorted(fault_kind(t.error) for t in failed) == ["env_error", "env_timeout"]
+
+
+def test_a_failed_episode_is_played_again_in_a_fresh_env_with_the_same_seeds(tiny_tokenizer):
+    # The first try of group 1 breaks its env and the first of group 2 hangs it; each is played
+    # again in a new env, same task and sampler seed, and only the good try comes out.
+    replies = iter(["ok", "BOOM", "ok", "HANG"] + ["ok"] * 100)  # the first tries of groups 1 and 2 fail
+    seeds = []
+
+    class Recording(ScriptedPolicy):
+        async def generate(self, prompt_ids, sampling):
+            seeds.append(sampling.seed)
+            return await super().generate(prompt_ids, sampling)
+
+    def script(prompt):
+        reply = next(replies)
+        return solver(prompt) if reply == "ok" else reply
+
+    made = []
+
+    def make_env():
+        made.append(Say(fail_on="BOOM", hang_on="HANG"))
+        return made[-1]
+
+    policy = Recording(tiny_tokenizer, script)
+    engine = engine_for(
+        tiny_tokenizer,
+        policy,
+        make_env=make_env,
+        concurrency=1,
+        sampling=Sampling(seed=7),
+        limits=EpisodeLimits(turn_timeout=0.5),
+    )
+    trajectories = asyncio.run(engine.collect(num_groups=4))
+    assert [t.error for t in trajectories] == [None] * 4 and sum(t.reward for t in trajectories) == 4
+    retried = [t.info.get("retried", []) for t in trajectories]
+    assert [[e.split(":")[0] for e in r] for r in retried] == [[], ["RuntimeError"], ["EpisodeTimeout"], []]
+    assert seeds[1] == seeds[2] and seeds[3] == seeds[4] and len(set(seeds)) == 4  # a retry repeats its seed
+    assert len(made) == 3  # the first env served on; each failed one was replaced by a new one
+    assert engine.stats.failed == 0 and engine.episodes == 4
+
+
+def test_an_episode_that_fails_every_try_comes_out_failed(tiny_tokenizer):
+    made = []
+
+    def make_env():
+        made.append(Say(fail_on="BOOM"))
+        return made[-1]
+
+    engine = engine_for(tiny_tokenizer, ScriptedPolicy(tiny_tokenizer, "BOOM"), make_env=make_env, episode_retries=2)
+    (t,) = asyncio.run(engine.collect(num_groups=1))
+    assert t.error.startswith("RuntimeError: the env broke") and len(t.info["retried"]) == 2
+    assert len(made) == 3 and engine.stats.failed == 1
 
 
 def test_a_hanging_policy_times_out(tiny_tokenizer):

@@ -22,6 +22,7 @@ from agentrl.config import ConfigError, load_config
 from agentrl.env import AgentEnv, Feedback, MessagesSpace, ReplySpace
 from agentrl.faults import EngineLost, EpisodesFailing, RunStalled, failure_message, resume_command
 from agentrl.metrics import read_metrics
+from agentrl.policies.base import Generation
 from agentrl.testing import ScriptedPolicy
 from agentrl.train import TrainConfig, train
 from agentrl.train.setup import plan
@@ -424,12 +425,69 @@ def test_failed_episodes_between_good_ones_are_counted_and_the_run_goes_on(
 ):
     monkeypatch.setattr(Flaky, "started", 0)
     monkeypatch.setattr(Flaky, "fails", staticmethod(lambda number: number % 10 == 3))
-    config = _config(tiny_model_dir, tmp_path / "run", "rollout.env_id=tests/Flaky-v0", "max_failed_in_a_row=2")
+    config = _config(
+        tiny_model_dir,
+        tmp_path / "run",
+        "rollout.env_id=tests/Flaky-v0",
+        "max_failed_in_a_row=2",
+        "rollout.episode_retries=0",
+    )
     result = train(config, policy=_scripted(tiny_tokenizer))
 
     steps = _steps(result.run_dir)
     assert result.steps == 3 and sum(m["rollout/failed"] for m in steps) >= 1
     assert all(m["rollout/episodes"] - m["rollout/failed"] == 8 for m in steps)  # trained: 2 whole groups
+    assert steps[-1]["fault/groups_replaced"] >= 1 and steps[-1]["fault/episodes_retried"] == 0
+
+
+class SeededReplies(ScriptedPolicy):
+    """Replies that differ between a group's samples and repeat with the sampler's seed, as a
+    seeded engine's do: ``b`` one to three times, then ``a``."""
+
+    async def generate(self, prompt_ids: Any, sampling: Any) -> Generation:
+        text = "b" * (1 + sampling.seed % 3) + "a"
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + self.end_of_turn_ids
+        return Generation(ids, [-1.0] * len(ids), self.version, "stop")
+
+
+def _trained(run_dir: Path) -> list[list[tuple[Any, ...]]]:
+    """Per step, what the trainer saw of each trajectory: group, tokens, reward, advantages (sorted)."""
+    steps = []
+    for path in sorted((run_dir / "samples").glob("train-*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        steps.append(sorted((r["group_id"], r["token_ids"], r["reward"], r["advantages"]) for r in records))
+    return steps
+
+
+def test_an_infrastructure_failure_is_retried_and_its_group_trains_as_if_it_never_happened(
+    tiny_model_dir, tiny_tokenizer, tmp_path, monkeypatch
+):
+    # The same run twice: once clean, once with three episodes' sandboxes lost at the start (one
+    # of them twice). Each failed episode is played again in a fresh env from the same seeds, so
+    # the trainer sees the very same tokens, rewards and advantages, and no failure as a zero.
+    runs = {}
+    for name, fails in [("clean", lambda n: False), ("faulty", lambda n: n in (1, 6, 7, 13))]:
+        monkeypatch.setattr(Flaky, "started", 0)
+        monkeypatch.setattr(Flaky, "fails", staticmethod(fails))
+        config = _config(
+            tiny_model_dir,
+            tmp_path / name,
+            "rollout.env_id=tests/Flaky-v0",
+            "max_staleness=0",
+            "samples_per_step=2",
+            "rollout.concurrency=4",
+        )
+        runs[name] = train(config, policy=SeededReplies(tiny_tokenizer, ""))
+
+    clean, faulty = _trained(runs["clean"].run_dir), _trained(runs["faulty"].run_dir)
+    assert len(clean) == 3 and all(len(step) == 8 for step in clean)
+    assert any(a for step in clean for *_, advantages in step for a in advantages), "the groups have signal"
+    assert faulty == clean
+    last = _steps(runs["faulty"].run_dir)[-1]
+    assert (last["fault/env_error"], last["fault/episodes_retried"], last["fault/groups_replaced"]) == (4, 4, 0)
+    assert sum(m["rollout/failed"] for m in _steps(runs["faulty"].run_dir)) == 0
+    losses = [[m["train/loss"] for m in _steps(runs[name].run_dir)] for name in ("clean", "faulty")]
+    assert losses[0] == losses[1]
 
 
 @pytest.mark.parametrize("tail_batching", [False, True])

@@ -154,6 +154,8 @@ _FAULTS = (
     ("fault/engine_restarts", "inference engines replaced"),
     ("fault/engines_lost", "engines lost, the others serving on"),
     ("fault/env_workers_replaced", "Ray env workers replaced"),
+    ("fault/episodes_retried", "episodes played again after a fault"),
+    ("fault/groups_replaced", "groups replaced (failed past their retries)"),
     ("rollout/failed", "episodes failed (counted, never trained on)"),
 )
 """The faults the end of ``agentrl train`` reports: metric, label. ``rollout/...`` is per step, the

@@ -38,7 +38,7 @@ from agentrl.rollout.scheduler import (
 )
 from agentrl.rollout.settings import EpisodeLimits, RolloutSettings
 from agentrl.rollout.staleness import StalenessWindow
-from agentrl.rollout.stats import RolloutStats, add_episode, failure_cause, is_success
+from agentrl.rollout.stats import FAULT_KINDS, RolloutStats, add_episode, failure_cause, fault_kind, is_success
 
 __all__ = [
     "BufferStats",
@@ -57,6 +57,8 @@ __all__ = [
     "add_episode",
     "close_quietly",
     "failure_cause",
+    "fault_kind",
+    "FAULT_KINDS",
     "fit_to_room",
     "flatten",
     "group_env_seed",

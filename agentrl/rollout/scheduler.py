@@ -134,7 +134,8 @@ class GroupScheduler(Generic[EnvT]):
     episodes, and the :class:`~agentrl.rollout.buffer.TrajectoryBuffer` keeps the first
     ``group_size`` to finish. At most ``concurrency`` episodes run at once, across every stream of
     the scheduler, started in group order; finished envs are kept for later episodes, failed ones
-    closed.
+    closed. A failed episode is played again in a fresh env, with the same seeds, up to
+    ``episode_retries`` times; only its last try comes out.
 
     Every finished episode is counted: :attr:`stats` over every trajectory (one per agent per
     episode), :attr:`policy_stats` the same per policy id, :attr:`episodes` and
@@ -200,7 +201,7 @@ class GroupScheduler(Generic[EnvT]):
                 task = todo.popleft()
                 try:
                     async with slots:
-                        episode = await self._play_one(task)
+                        episode = await self._play_retrying(task)
                 except Exception as e:  # a setup error (see PlayFn): hand it to the caller
                     done.put_nowait(e)
                     return
@@ -263,8 +264,25 @@ class GroupScheduler(Generic[EnvT]):
             self._next_group += len(numbers)
         return numbers
 
-    async def _play_one(self, task: EpisodeTask) -> list[Trajectory]:
-        env = self._idle_envs.pop() if self._idle_envs else self.make_env()
+    async def _play_retrying(self, task: EpisodeTask) -> list[Trajectory]:
+        """Play ``task``; an episode that failed (an infrastructure fault, see
+        :func:`~agentrl.rollout.stats.fault_kind`) is played again in a fresh env with the same
+        seeds, up to ``episode_retries`` times. The episode returned carries the earlier attempts'
+        errors in each trajectory's ``info["retried"]``; it still has ``error`` set if every try failed."""
+        retried: list[str] = []
+        while True:
+            episode = await self._play_one(task, fresh=bool(retried))
+            error = next((t.error for t in episode if t.error is not None), None)
+            if error is None or len(retried) >= self.settings.episode_retries:
+                break
+            retried.append(error)
+        if retried:
+            for trajectory in episode:
+                trajectory.info["retried"] = list(retried)
+        return episode
+
+    async def _play_one(self, task: EpisodeTask, fresh: bool = False) -> list[Trajectory]:
+        env = self._idle_envs.pop() if self._idle_envs and not fresh else self.make_env()
         try:
             with episode_route():  # several engines (RouterPolicy): the episode's turns go to one
                 episode = list(await self.play(env, task))

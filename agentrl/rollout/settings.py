@@ -51,6 +51,9 @@ class RolloutSettings:
     """Episodes per task (same env seed, independent samples), sharing a group id."""
     redundancy: int = 0
     """Extra episodes started per group; the first ``group_size`` to finish are kept."""
+    episode_retries: int = 2
+    """Times an episode that failed (an infrastructure fault: the env raised or hung, the engine
+    failed) is played again in a fresh env, with the same seeds, before it counts as failed."""
     concurrency: int = 64
     """Most episodes running at once (in each Ray env worker: its share)."""
     seed: int = 0
@@ -61,10 +64,10 @@ class RolloutSettings:
     """A multi-agent env's agents to policy ids (:func:`~agentrl.mapping.policy_mapping`)."""
 
     def __post_init__(self) -> None:
-        if self.group_size < 1 or self.redundancy < 0 or self.concurrency < 1:
+        if self.group_size < 1 or self.redundancy < 0 or self.episode_retries < 0 or self.concurrency < 1:
             raise ValueError(
-                f"need group_size >= 1, redundancy >= 0 and concurrency >= 1; got {self.group_size}, "
-                f"{self.redundancy} and {self.concurrency}."
+                "need group_size >= 1, redundancy >= 0, episode_retries >= 0 and concurrency >= 1; got "
+                f"{self.group_size}, {self.redundancy}, {self.episode_retries} and {self.concurrency}."
             )
 
     @property

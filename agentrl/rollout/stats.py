@@ -1,4 +1,4 @@
-"""What a rollout counts: the success rule, the failure-cause rule, and :class:`RolloutStats`.
+"""What a rollout counts: the success rule, the failure-cause and fault-kind rules, and :class:`RolloutStats`.
 
 Each rule is written once and everyone calls it: the stats of an engine, the buffer's failure
 counts, the trainer's ``rollout/...`` metrics and the evaluations.
@@ -26,6 +26,26 @@ def failure_cause(error: str) -> str:
     (``"EpisodeTimeout: the turn ran past ..."`` -> ``"EpisodeTimeout"``)."""
     head = error.split(":")[0].split()
     return head[0] if head else "error"
+
+
+FAULT_KINDS = ("env_error", "env_timeout", "engine_error", "engine_timeout", "worker_died")
+"""The kinds :func:`fault_kind` sorts failed episodes into (``fault/<kind>`` metrics count them)."""
+
+
+def fault_kind(error: str) -> str:
+    """The kind of infrastructure fault an episode's ``error`` is: where it happened and how.
+
+    ``env_...`` during a reset or a step (the env raised or hung, and what stands behind it: an env
+    server, a sandbox, Docker), ``engine_...`` during a generation (the engine died or hung),
+    ``..._timeout`` when a time limit passed and ``..._error`` when something raised;
+    ``worker_died`` for an episode lost with its Ray env worker. Only faults set ``error``: what the
+    policy did (malformed output, running out of turns or tokens) is its result, with its reward.
+    """
+    if failure_cause(error) == "WorkerDied":
+        return "worker_died"
+    phase = error.rsplit("(during ", 1)[-1] if "(during " in error else ""
+    where = "engine" if phase.startswith("generate") else "env"
+    return f"{where}_timeout" if failure_cause(error) == "EpisodeTimeout" else f"{where}_error"
 
 
 @dataclass

@@ -215,7 +215,7 @@ class TrainConfig:
     max_engine_restarts: int = 3
     """Times a dead inference engine (vLLM's engine core, a Ray policy actor) is replaced by a new one with the last weights, counted over the whole run (a resumed command goes on counting); one more death ends the run (0: the first does). Per engine: each ``weights: full`` policy's (a single-agent run's one policy), and the shared engine of the LoRA policies, whose adapters are made again on its replacement."""
     max_failed_in_a_row: int = 32
-    """Episodes that fail one after another (an env that raised or hung, a sandbox or the Docker engine lost, the env server unreachable, an engine lost) before the run stops with one message (0: never). A failed episode is never trained on; one that succeeds starts the count again."""
+    """Episode tries that fail one after another (an env that raised or hung, a sandbox or the Docker engine lost, the env server unreachable, an engine lost; each of ``rollout.episode_retries`` counts) before the run stops with one message (0: never). A failed episode is never trained on; one that succeeds starts the count again."""
     stall_timeout: float = 1800.0
     """Seconds without a finished group, while groups are being played, before the run stops with one message (0: never). Raise it for episodes that take longer than this."""
     probe_every: int = 10

@@ -33,7 +33,7 @@ from agentrl.metrics import MetricsLogger, policy_metric
 from agentrl.policies import Policy, Sampling
 from agentrl.policies.router import RouterPolicy
 from agentrl.policies.supervisor import EngineSupervisor
-from agentrl.rollout import RolloutStats, group_env_seed
+from agentrl.rollout import FAULT_KINDS, RolloutStats, fault_kind, group_env_seed
 from agentrl.rollout.protocol import ReplacesWorkers, Rollout
 from agentrl.rollout.scheduler import close_quietly
 from agentrl.rollout.staleness import required_groups, take_required
@@ -319,8 +319,13 @@ class Controller:
         """One episode ended; whether it finished its group (``group_size`` good episodes, or all
         of them). Episodes of a finished group are redundant and dropped."""
         errors = [t.error for t in episode if t.error is not None]
+        retried = episode[0].info.get("retried", [])
+        for error in [*retried, *errors[:1]]:  # every failed try, by kind
+            kind = fault_kind(error)
+            self.state.faults[kind] = self.state.faults.get(kind, 0) + 1
+        self.state.retried_episodes += len(retried)
         self.failed_episodes += bool(errors)
-        self.failed_in_a_row = self.failed_in_a_row + 1 if errors else 0
+        self.failed_in_a_row = self.failed_in_a_row + len(retried) + 1 if errors else 0
         limit = self.config.max_failed_in_a_row
         if limit and self.failed_in_a_row >= limit:
             self._stop(
@@ -347,6 +352,8 @@ class Controller:
         self.state.finished_groups.append(number)
         self._finished_at = time.monotonic()
         policies = {lane.policy_id for lane in self.active}
+        if len(good) < self.group_size:  # failed past its retries: lost to every policy, replaced
+            self.state.replaced_groups.append(number)
         samples = self.samples.split(good, policies) if len(good) >= self.group_size else {}
         group_id = self.rollout.group_id(number)
         for lane in self.active:
@@ -619,8 +626,12 @@ class Controller:
         }
 
     def _fault_metrics(self, lane: Lane) -> dict[str, float]:
-        """What the run's faults cost so far: engines replaced or lost (and requests replayed), Ray env workers replaced."""
+        """What the run's faults cost so far: episode tries failed by kind, retried, groups replaced;
+        engines replaced or lost (and requests replayed), Ray env workers replaced."""
         metrics = lane.policy.metrics() if isinstance(lane.policy, (EngineSupervisor, RouterPolicy)) else {}
+        metrics |= {f"fault/{kind}": float(self.state.faults.get(kind, 0)) for kind in FAULT_KINDS}
+        metrics["fault/episodes_retried"] = float(self.state.retried_episodes)
+        metrics["fault/groups_replaced"] = float(len(self.state.replaced_groups))
         if isinstance(self.rollout, ReplacesWorkers):  # a DistributedRollout's dead workers
             metrics["fault/env_workers_replaced"] = float(len(self.rollout.retired))
         return metrics

@@ -61,6 +61,13 @@ class RunState:
     """Group numbers a PCL selection scored and did not play (``curriculum.selection: pcl``)."""
     tail_queue: list[int] = field(default_factory=list)
     """Tail batching: group numbers aborted in short rounds, waiting for a long round."""
+    replaced_groups: list[int] = field(default_factory=list)
+    """Groups left with fewer than ``group_size`` good episodes after every retry: never trained on,
+    new groups took their places."""
+    faults: dict[str, int] = field(default_factory=dict)
+    """Failed episode tries by :func:`~agentrl.rollout.fault_kind`, over the whole run (retried ones included)."""
+    retried_episodes: int = 0
+    """Episode tries played again in a fresh env after a fault, over the whole run."""
     lanes: dict[str, LaneState] = field(default_factory=dict)
     eval_before: dict[str, float] | None = None
     """The evaluation before the first step (not repeated on resume)."""
