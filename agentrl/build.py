@@ -102,6 +102,7 @@ def rollout_settings(config: EngineConfig, **changes: Any) -> RolloutSettings:
     settings = RolloutSettings(
         env_id=config.env_id,
         env_kwargs=dict(config.env_kwargs),
+        env_url=config.env_url,
         system_prompt=config.system_prompt,
         sampling=sampling_of(config),
         limits=limits_of(config),
@@ -133,18 +134,16 @@ def env_factory(env_id: str, env_kwargs: Mapping[str, Any] | None = None) -> Cal
     return lambda: as_agent_env(make(env_id, **kwargs))  # adapted here too: the probe env is read before the engine
 
 
-def build_rollout(
-    settings: RolloutSettings, policies: Policy | Mapping[str, Policy], *, env_url: str | None = None
-) -> LocalRollout:
+def build_rollout(settings: RolloutSettings, policies: Policy | Mapping[str, Policy]) -> LocalRollout:
     """The rollout of ``settings.env_id``: agents from the policies' tokenizers and the env's tools.
 
     ``policies`` is one policy (serving ``settings.policy_id``) or ``{policy_id: policy}``. A
     multi-agent env maps its agents to policy ids with ``settings.mapping``; a single-agent env is
     played by ``settings.policy_id``. One env is made here to read its tools (and its agents).
-    ``env_url``: the env runs on that env server (``agentrl serve``), each episode a session of it
-    (:class:`~agentrl.server.RemoteEnv`).
+    With ``settings.env_url`` the env runs on that env server (``agentrl serve``), each episode a
+    session of it (:class:`~agentrl.server.RemoteEnv`).
     """
-    env_id, system_prompt = settings.env_id, settings.system_prompt
+    env_id, env_url, system_prompt = settings.env_id, settings.env_url, settings.system_prompt
     by_id = dict(policies) if isinstance(policies, Mapping) else {settings.policy_id: policies}
     kwargs = dict(settings.env_kwargs)
     if multiagent_at(env_id, env_url):

@@ -107,11 +107,6 @@ class EngineConfig:
             )
         if self.env_url is not None and not self.env_url.startswith(("http://", "https://", "unix://")):
             raise ValueError(f"env_url must be http://HOST:PORT, https://... or unix:///PATH, got {self.env_url!r}.")
-        if self.env_url is not None and self.ray_address is not None:
-            raise ValueError(
-                "env_url and ray_address cannot both be set yet: Ray env workers make their envs in process. "
-                "Leave ray_address unset to play on the env server from this process."
-            )
         if self.max_tokens >= self.max_length:
             raise ValueError(f"max_tokens {self.max_tokens} must be below max_length {self.max_length}.")
 

@@ -52,7 +52,7 @@ def _rollout_here(
     own_policy = policy is None
     policy = policy or make_policy(config)
     try:
-        engine = build_rollout(_settings(config), policy, env_url=config.env_url)
+        engine = build_rollout(_settings(config), policy)
         try:
             trajectories = asyncio.run(collect(engine, config.episodes // config.group_size, on_episode))
         finally:

@@ -393,6 +393,7 @@ async def held_out(config: TrainConfig, policy: Policy) -> float:
         RolloutSettings(
             rollout.env_id,
             env_kwargs={**rollout.env_kwargs, "split": "test"},
+            env_url=rollout.env_url,
             system_prompt=rollout.system_prompt,
             sampling=replace(sampling_of(rollout, temperature=config.eval_temperature), seed=None),
             limits=limits_of(rollout),
@@ -400,7 +401,6 @@ async def held_out(config: TrainConfig, policy: Policy) -> float:
             seed=EVAL_SEED_OFFSET + rollout.seed,
         ),
         policy,
-        env_url=rollout.env_url,
     )
     try:
         async for _ in engine.stream(config.eval_episodes):

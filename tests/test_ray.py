@@ -14,7 +14,9 @@ import os
 import signal
 import time
 from collections import Counter, defaultdict
+from dataclasses import replace
 
+import httpx
 import pytest
 
 ray = pytest.importorskip("ray", reason="the distributed rollout needs ray (pip install -e '.[cpu]')")
@@ -34,6 +36,7 @@ from agentrl.rollout import (  # noqa: E402
 )
 from agentrl.rollout.ray import DistributedRollout, _runs, _split  # noqa: E402
 from agentrl.run import RolloutConfig, rollout  # noqa: E402
+from agentrl.server import ServerThread, make_app  # noqa: E402
 from agentrl.testing import ScriptedPolicy, max_logprob_gap, reference_model  # noqa: E402
 
 ENV_ID = "agentrl/Calculator-v0"
@@ -174,6 +177,17 @@ class TestLocalCluster:
         for group_id, prompts in groups.items():
             reference_prompt = local[group_id][0].token_ids[: local[group_id][0].prompt_length]
             assert len(prompts) == 2 and prompts[0] == prompts[1] == reference_prompt
+
+    def test_env_workers_play_their_episodes_on_an_env_server(self, scripted_rollout, tiny_model_dir):
+        # rollout.env_url with ray_address: each worker's episodes are sessions of the one env server.
+        with ServerThread(make_app([ENV_ID])) as url:
+            settings = replace(scripted_rollout.settings, env_url=url)
+            with DistributedRollout(scripted_rollout.policy, tiny_model_dir, settings, num_workers=2) as controller:
+                trajectories = asyncio.run(controller.collect(num_groups=2))
+            metrics = httpx.get(f"{url}/metrics").text
+        assert len(trajectories) == 4 and all(t.error is None and t.turns >= 1 for t in trajectories)
+        created = [line for line in metrics.splitlines() if line.startswith("agentrl_server_sessions_created_total")]
+        assert created and float(created[0].split()[-1]) >= 4  # every episode (and each worker's probe env)
 
     def test_multiagent_episodes_play_on_workers_with_one_policy_actor_per_policy(self, tiny_model_dir, tiny_tokenizer):
         # Fractions of a CPU: the class's cluster has 4, and the hf_policy fixture holds one.

@@ -73,10 +73,9 @@ from ray.actor import ActorHandle
 from ray.exceptions import ObjectLostError, RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from agentrl.build import LocalRollout, build_rollout, load_tokenizer
+from agentrl.build import LocalRollout, build_rollout, load_tokenizer, multiagent_at
 from agentrl.mapping import policy_mapping
 from agentrl.policies.ray_actor import RemotePolicy, WorkerLocation, current_location
-from agentrl.registry import is_multiagent
 from agentrl.rollout.buffer import TrajectoryBuffer
 from agentrl.rollout.scheduler import GroupFeed, flatten, group_name, group_numbers
 from agentrl.rollout.settings import RolloutSettings
@@ -257,7 +256,7 @@ class DistributedRollout:
         """Workers that died and were replaced."""
         self.roster: dict[str, str] = {}
         """``{agent_id: policy_id}`` of every episode's agents (``{"agent": policy_id}`` for one agent)."""
-        self.multiagent = is_multiagent(settings.env_id)
+        self.multiagent = multiagent_at(settings.env_id, settings.env_url)
         self._next_group = 0
         self._seconds = 0.0
         try:

@@ -41,6 +41,9 @@ class RolloutSettings:
     """The env played (a registered id); it names the trajectories and the groups."""
     env_kwargs: Mapping[str, Any] = field(default_factory=dict)
     """Keyword arguments of the env's constructor (``split`` among them)."""
+    env_url: str | None = None
+    """An env server (``agentrl serve``) the env runs on, each episode a session of it
+    (:class:`~agentrl.server.RemoteEnv`), from this process or from every Ray env worker; ``None``: in process."""
     system_prompt: str | None = None
     """An extra system prompt for every agent, before the env's own."""
     sampling: Sampling = Sampling()

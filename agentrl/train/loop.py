@@ -706,7 +706,7 @@ class Controller:
             seed=EVAL_SEED_OFFSET + rollout.seed,
             mapping=self.mapping,
         )
-        engine = build_rollout(held_out, policies, env_url=rollout.env_url)
+        engine = build_rollout(held_out, policies)
         steps = self.state.steps()
         self.progress.on_phase(
             f"evaluating (step {steps})" if self.one else f"evaluating (step {steps} of all policies)",

@@ -195,7 +195,7 @@ class Serving:
             tokenizers = {p: self.model_path(p) for p in served}
             names = {p: self.ray.name_of(p) for p in served}
             return self.ray.env_workers(settings, names, tokenizers, config.imports)
-        return build_rollout(settings, dict(served), env_url=config.rollout.env_url)
+        return build_rollout(settings, dict(served))
 
     def close(self) -> None:
         lent = [self.lent] if self.lent is not None else []
