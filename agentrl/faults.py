@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import json
 import logging
 import logging.config
@@ -91,15 +92,20 @@ def what_died(error: BaseException) -> str:
         part = "a connection failed"
     elif any(isinstance(e, MemoryError) for e in error_chain(error)):
         part = "the process ran out of memory"
+    elif any(isinstance(e, OSError) and e.errno == errno.ENOSPC for e in error_chain(error)):
+        part = "a disk is full (free space on it, then resume)"
     else:
         part = "the run failed"
     first_line = (str(error).strip().splitlines() or [""])[0]
     return f"{part} ({type(error).__name__}{': ' + first_line if first_line else ''})"
 
 
-def failure_message(error: BaseException, run_dir: str | Path, resume_command: str) -> str:
+def failure_message(
+    error: BaseException, run_dir: str | Path, resume_command: str, *, traceback_written: bool = True
+) -> str:
     """One paragraph for the person who started the run: what died, the last step finished and the
-    last one saved, where the traceback is, and the command that resumes from the checkpoint."""
+    last one saved, where the traceback is (``traceback_written``: in the run's log, else above),
+    and the command that resumes from the checkpoint."""
     from agentrl.trainers.checkpoint import checkpoint_step, list_checkpoints  # torch: not for `agentrl --help`
 
     run_dir = Path(run_dir)
@@ -112,20 +118,25 @@ def failure_message(error: BaseException, run_dir: str | Path, resume_command: s
         if checkpoints
         else f"no checkpoint was written yet (checkpoint_every saves one), so a rerun starts over: {resume_command}"
     )
-    return (
-        f"Training stopped after step {done}: {what_died(error)}. {saved[0].upper()}{saved[1:]}. "
-        f"The traceback is in {run_dir / RUN_LOG}."
+    where = (
+        f"in {run_dir / RUN_LOG}" if traceback_written else f"above (it could not be written to {run_dir / RUN_LOG})"
     )
+    return f"Training stopped after step {done}: {what_died(error)}. {saved[0].upper()}{saved[1:]}. The traceback is {where}."
 
 
-def write_traceback(error: BaseException, run_dir: str | Path) -> Path:
-    """Append ``error``'s traceback, with the time, to ``RUN_DIR/train.log``; return the file's path."""
+def write_traceback(error: BaseException, run_dir: str | Path) -> Path | None:
+    """Append ``error``'s traceback, with the time, to ``RUN_DIR/train.log``; return the file's path,
+    or None when it cannot be written (a full disk): the traceback then goes to stderr."""
     path = Path(run_dir) / RUN_LOG
-    path.parent.mkdir(parents=True, exist_ok=True)
     stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(f"--- {stamp}: the run ended with this error\n")
-        handle.write("".join(traceback.format_exception(error)))
+    text = f"--- {stamp}: the run ended with this error\n" + "".join(traceback.format_exception(error))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as e:  # the error may be the full disk itself: the traceback must not be lost with it
+        sys.stderr.write(f"{text}(not written to {path}: {e})\n")
+        return None
     return path
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -497,3 +498,87 @@ def headless_chromium(window: str = "1400,1000") -> Any:
     ):
         options.add_argument(argument)
     return webdriver.Chrome(service=Service(driver), options=options)
+
+
+# --- the machine's Docker Engine, killed and started again (fault tests, benchmarks/chaos.py) ---------
+
+DOCKERD_ARGV = ("dockerd", "--bridge=none", "--iptables=false")
+"""How ``scripts/install.sh`` starts the engine (no bridge, no iptables: containers have no network)."""
+DOCKERD_LOG = os.environ.get("DOCKERD_LOG", "/var/log/agentrl-dockerd.log")  # install.sh's default
+DOCKERD_PID_FILES = ("/var/run/docker.pid", "/var/run/docker/containerd/containerd.pid")
+"""dockerd's (default ``--pidfile``) and its containerd's: while the pid in one still exists, if only
+as a zombie not yet reaped by init, a new dockerd refuses to start or waits on that dead containerd."""
+DOCKERD_WAIT_S = 60.0  # install.sh's; a restart stops the dead engine's containers (10 s)
+
+
+def dockerd_pid() -> int | None:
+    """The pid of the local ``dockerd`` process that is alive (not a zombie), or None."""
+    found = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
+    alive = [int(pid) for pid in found if process_state(int(pid)) not in (None, "Z")]
+    return alive[0] if len(alive) == 1 else None
+
+
+def process_state(pid: int) -> str | None:
+    """``R``, ``S``, ``Z``... of ``pid`` (field 3 of ``/proc/<pid>/stat``), None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def engine_answers() -> bool:
+    """Whether ``docker info`` answers."""
+    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+
+
+def kill_dockerd() -> None:
+    """SIGKILL the engine (its containers live on, without it) and wait until it is gone."""
+    pid = dockerd_pid()
+    if pid is None:
+        raise RuntimeError("no dockerd process runs here to kill")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while process_state(pid) not in (None, "Z"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"dockerd {pid} outlived SIGKILL by 10 s")
+        time.sleep(0.05)
+
+
+def start_dockerd() -> None:
+    """Start the engine as scripts/install.sh does (detached, its log appended to ``DOCKERD_LOG``)
+    and wait until ``docker info`` answers; nothing is done if it answers already."""
+    if engine_answers():
+        return
+    if dockerd_pid() is None:
+        for pid_file in DOCKERD_PID_FILES:
+            _forget_if_dead(pid_file)
+        # Detached through `sh ... &`: dockerd's parent is init, not this process, so it is reaped when it dies.
+        subprocess.run(
+            ["setsid", "sh", "-c", '"$@" </dev/null >>"$AGENTRL_DOCKERD_LOG" 2>&1 &', "sh", *DOCKERD_ARGV],
+            env={**os.environ, "AGENTRL_DOCKERD_LOG": DOCKERD_LOG},
+            check=True,
+        )
+    deadline = time.monotonic() + DOCKERD_WAIT_S
+    while not engine_answers():
+        if time.monotonic() > deadline:
+            log = Path(DOCKERD_LOG)
+            tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
+            raise RuntimeError(
+                f"dockerd did not answer within {DOCKERD_WAIT_S:g} s; the end of {DOCKERD_LOG}:\n" + "\n".join(tail)
+            )
+        time.sleep(0.5)
+
+
+def _forget_if_dead(pid_file: str) -> None:
+    """Remove ``pid_file`` if its process is dead: gone, or still a zombie after 10 s."""
+    try:
+        with open(pid_file) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return
+    deadline = time.monotonic() + 10
+    while process_state(pid) == "Z" and time.monotonic() < deadline:
+        time.sleep(0.1)  # init reaps it soon (dockerd's containerd dies with it, a zombie for a second)
+    if process_state(pid) in (None, "Z"):
+        os.remove(pid_file)

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+import torch
 
 from agentrl.faults import RUN_LOG, failure_message, resume_command, what_died, write_traceback
 from agentrl.metrics import read_metrics
-from agentrl.trainers.checkpoint import checkpoint_step, list_checkpoints
+from agentrl.trainers.checkpoint import checkpoint_step, list_checkpoints, load_checkpoint, save_checkpoint
 
 
 def _error_from(module: str, name: str, message: str) -> Exception:
@@ -33,6 +34,7 @@ def _error_from(module: str, name: str, message: str) -> Exception:
         (_error_from("docker.errors", "APIError", "500 Server Error"), "Docker engine failed"),
         (ConnectionRefusedError("refused"), "a connection failed"),
         (RuntimeError("boom\nmore"), "the run failed (RuntimeError: boom)"),
+        (OSError(28, "No space left on device"), "a disk is full (free space on it, then resume) (OSError"),
     ],
 )  # fmt: skip
 def test_what_died_names_the_part_and_the_first_line(error, part):
@@ -89,6 +91,30 @@ def test_the_traceback_goes_to_the_run_log(tmp_path):
         path = write_traceback(e, tmp_path)
     text = path.read_text()
     assert "Traceback (most recent call last)" in text and "ValueError: deep down" in text
+
+
+def test_a_traceback_the_run_log_cannot_take_goes_to_stderr_and_the_message_says_so(tmp_path, capsys):
+    # A full disk ends the run and refuses its traceback too; neither may be lost.
+    (tmp_path / "run").write_text("a file where the run directory should be")
+    error = OSError(28, "No space left on device")
+    assert write_traceback(error, tmp_path / "run") is None
+    assert "OSError: [Errno 28] No space left on device" in capsys.readouterr().err
+    message = failure_message(error, tmp_path / "run", "agentrl train c.yaml", traceback_written=False)
+    assert "a disk is full" in message and "The traceback is above (it could not be written to" in message
+
+
+def test_a_checkpoint_write_cut_short_is_never_read_and_is_cleared_by_the_next(tmp_path):
+    # SIGKILL or a full disk mid-write leaves a partial folder: list_checkpoints ignores it and the
+    # next save removes it.
+    state = {"weights": torch.zeros(2)}
+    save_checkpoint(tmp_path, 1, state, {"step": 1})
+    torn = tmp_path / "checkpoints" / ".partial-step-000002-12345"
+    torn.mkdir()
+    (torn / "trainer.pt").write_bytes(b"torn")
+    assert [checkpoint_step(c) for c in list_checkpoints(tmp_path)] == [1]
+    save_checkpoint(tmp_path, 2, state, {"step": 2})
+    assert not torn.exists() and [checkpoint_step(c) for c in list_checkpoints(tmp_path)] == [1, 2]
+    assert load_checkpoint(list_checkpoints(tmp_path)[-1])[1] == {"step": 2}
 
 
 ROOT = Path(__file__).resolve().parents[1]

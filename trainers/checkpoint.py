@@ -37,7 +37,8 @@ def save_checkpoint(
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"{_PREFIX}{step:06d}"
     partial = root / f".partial-{final.name}-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)
+    for left in root.glob(".partial-*"):  # writes cut short (a kill, a full disk): never whole, never read
+        shutil.rmtree(left, ignore_errors=True)
     partial.mkdir()
     torch.save(trainer_state, partial / "trainer.pt")
     (partial / "controller.json").write_text(json.dumps(controller_state, indent=1))

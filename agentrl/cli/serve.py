@@ -3,6 +3,7 @@ container) and the live dashboard of runs."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 import sys
@@ -29,6 +30,14 @@ def serve_command(
     allow_kwarg: Annotated[
         list[str] | None, typer.Option(metavar="NAME", help="An env kwarg a session may set (repeatable).")
     ] = None,
+    imports: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--import",
+            metavar="MODULE",
+            help="A module to import first, e.g. one that registers the envs (repeatable).",
+        ),
+    ] = None,
     max_sessions: Annotated[int, typer.Option(min=1, help="Most live sessions; past it 503.")] = 1024,
     idle_timeout: Annotated[float, typer.Option(help="Seconds before an unused session is closed.")] = 600.0,
     step_timeout: Annotated[float, typer.Option(help="Seconds one reset or step may take; past it 504.")] = 60.0,
@@ -45,6 +54,11 @@ def serve_command(
     """Serve envs over HTTP (FastAPI + uvicorn) for RemoteEnv and `rollout.env_url=` (docs/env-server.md)."""
     from agentrl.server import ServerLimits, load_tokens, serve  # FastAPI and uvicorn load only for this command
 
+    for module in imports or ():  # a user's envs, registered on import (train's `imports:` does the same)
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            fail(f"--import {module}: {e}. Give a module importable here (on PYTHONPATH or installed).", 2)
     limits = ServerLimits(max_sessions, idle_timeout, step_timeout, max_body)
     tokens = load_tokens(token_file)
     if docker:
@@ -55,6 +69,7 @@ def serve_command(
             f"--max-body={max_body}",
             f"--log-level={log_level}",
             *(f"--allow-kwarg={k}" for k in allow_kwarg or ()),
+            *(f"--import={m}" for m in imports or ()),
         ]
         _serve_in_docker(env_ids, image, uds, args, tokens)
         return

@@ -75,9 +75,10 @@ def train_command(
         except USAGE_ERRORS:
             raise
         except Exception as e:  # a fault ended the run: one message, the traceback in the run's log
-            write_traceback(e, settings.run_dir)
+            written = write_traceback(e, settings.run_dir) is not None
             arguments = [*([config] if config is not None else []), *(overrides or [])]
-            raise RunFailed(failure_message(e, settings.run_dir, resume_command(arguments, settings.resume))) from e
+            resume = resume_command(arguments, settings.resume)
+            raise RunFailed(failure_message(e, settings.run_dir, resume, traceback_written=written)) from e
     _print_train_summary(settings, result)
 
 

@@ -17,8 +17,6 @@ import asyncio
 import os
 import re
 import shutil
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,22 +28,25 @@ from agentrl.envs.codesandbox import PROBLEMS, CodeSandboxEnv, close_pools
 from agentrl.policies.base import Sampling
 from agentrl.rollout import EpisodeLimits, RolloutSettings, SingleAgentRollout
 from agentrl.sandboxes.docker import DEFAULT_IMAGE, OWNER_LABEL, docker_available, docker_client, owner_label
-from agentrl.testing import ScriptedPolicy, build_tiny_tokenizer
+from agentrl.testing import (
+    DOCKERD_ARGV,
+    ScriptedPolicy,
+    build_tiny_tokenizer,
+    dockerd_pid,
+    engine_answers,
+    kill_dockerd,
+    start_dockerd,
+)
 from agentrl.tool_calls import format_tool_calls
 from agentrl.types import ToolCall, Trajectory
 
 pytestmark = pytest.mark.docker  # the sandboxes' Docker backend
 
 INSTALL_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "install.sh"
-DOCKERD_LOG = os.environ.get("DOCKERD_LOG", "/var/log/agentrl-dockerd.log")  # install.sh's default
-PID_FILES = ("/var/run/docker.pid", "/var/run/docker/containerd/containerd.pid")
-"""dockerd's (default ``--pidfile``) and its containerd's: while the pid in one still exists, if only
-as a zombie not yet reaped by init, a new dockerd refuses to start or waits on that dead containerd."""
-ENGINE_WAIT_S = 60.0  # install.sh's DOCKERD_WAIT_S; a restart stops the dead engine's containers (10 s)
 BATCH_LIMIT_S = 120.0  # no batch of two episodes may take longer: past it something hung
 
 
-# --- the engine: kill it, start it again -------------------------------------------------------------
+# --- the engine: kill it, start it again (agentrl.testing), as install.sh starts it -----------------
 
 
 def install_argv() -> list[str]:
@@ -55,24 +56,8 @@ def install_argv() -> list[str]:
     return found.group(1).split()
 
 
-def dockerd_pid() -> int | None:
-    """The pid of the local ``dockerd`` process that is alive (not a zombie), or None."""
-    found = subprocess.run(["pgrep", "-x", "dockerd"], capture_output=True, text=True).stdout.split()
-    alive = [int(pid) for pid in found if process_state(int(pid)) not in (None, "Z")]
-    return alive[0] if len(alive) == 1 else None
-
-
-def process_state(pid: int) -> str | None:
-    """``R``, ``S``, ``Z``... of ``pid`` (field 3 of ``/proc/<pid>/stat``), None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
-def engine_answers() -> bool:
-    return subprocess.run(["docker", "info"], capture_output=True).returncode == 0
+def test_the_engine_is_restarted_as_install_sh_starts_it():
+    assert list(DOCKERD_ARGV) == install_argv()
 
 
 def restartable_reason() -> str | None:
@@ -86,60 +71,9 @@ def restartable_reason() -> str | None:
         return f"no local dockerd process answers with the image {DEFAULT_IMAGE} (scripts/install.sh starts one)"
     with open(f"/proc/{pid}/cmdline") as f:
         running = [arg for arg in f.read().split("\0") if arg]
-    if [Path(running[0]).name, *running[1:]] != install_argv():
-        return f"dockerd runs as {running}, not as scripts/install.sh starts it ({install_argv()}); not restarting it"
+    if [Path(running[0]).name, *running[1:]] != list(DOCKERD_ARGV):
+        return f"dockerd runs as {running}, not as scripts/install.sh starts it ({DOCKERD_ARGV}); not restarting it"
     return None
-
-
-def kill_dockerd() -> None:
-    """SIGKILL the engine (its containers live on, without it) and wait until it is gone."""
-    pid = dockerd_pid()
-    assert pid is not None, "no dockerd to kill"
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while process_state(pid) not in (None, "Z"):
-        assert time.monotonic() < deadline, f"dockerd {pid} outlived SIGKILL by 10 s"
-        time.sleep(0.05)
-
-
-def start_dockerd() -> None:
-    """Start the engine as scripts/install.sh does (detached, its log appended to DOCKERD_LOG) and
-    wait until ``docker info`` answers; nothing is done if it answers already."""
-    if engine_answers():
-        return
-    if dockerd_pid() is None:
-        for pid_file in PID_FILES:
-            forget_if_dead(pid_file)
-        # Detached through `sh ... &`: dockerd's parent is init, not this process, so it is reaped when it dies.
-        subprocess.run(
-            ["setsid", "sh", "-c", '"$@" </dev/null >>"$AGENTRL_DOCKERD_LOG" 2>&1 &', "sh", *install_argv()],
-            env={**os.environ, "AGENTRL_DOCKERD_LOG": DOCKERD_LOG},
-            check=True,
-        )
-    deadline = time.monotonic() + ENGINE_WAIT_S
-    while not engine_answers():
-        if time.monotonic() > deadline:
-            tail = (
-                Path(DOCKERD_LOG).read_text(errors="replace").splitlines()[-20:] if Path(DOCKERD_LOG).exists() else []
-            )
-            raise AssertionError(
-                f"dockerd did not answer within {ENGINE_WAIT_S:g} s; the end of {DOCKERD_LOG}:\n" + "\n".join(tail)
-            )
-        time.sleep(0.5)
-
-
-def forget_if_dead(pid_file: str) -> None:
-    """Remove ``pid_file`` if its process is dead: gone, or still a zombie after 10 s."""
-    try:
-        with open(pid_file) as f:
-            pid = int(f.read().strip())
-    except (OSError, ValueError):
-        return
-    deadline = time.monotonic() + 10
-    while process_state(pid) == "Z" and time.monotonic() < deadline:
-        time.sleep(0.1)  # init reaps it soon (dockerd's containerd dies with it, a zombie for a second)
-    if process_state(pid) in (None, "Z"):
-        os.remove(pid_file)
 
 
 @pytest.fixture
