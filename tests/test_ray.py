@@ -248,7 +248,9 @@ class TestLocalCluster:
             with DistributedRollout(
                 policy,
                 tiny_model_dir,
-                RolloutSettings(ENV_ID, limits=EpisodeLimits(max_turns=1, max_length=1024, turn_timeout=3.0)),
+                RolloutSettings(
+                    ENV_ID, limits=EpisodeLimits(max_turns=1, max_length=1024, turn_timeout=3.0), episode_retries=0
+                ),
                 num_workers=1,
                 num_cpus_per_worker=0.25,
             ) as controller:

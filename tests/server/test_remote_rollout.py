@@ -87,7 +87,7 @@ def test_a_server_killed_mid_run_fails_only_the_episodes_it_held_and_the_run_goe
     server = _start_server(port)
     try:
         policy = ScriptedPolicy(tiny_tokenizer, CALL, delay=0.15)
-        engine = build_rollout(RolloutSettings("agentrl/Calculator-v0", env_kwargs={"split": "test"}, env_url=url, limits=EpisodeLimits(max_turns=4), sampling=Sampling(max_tokens=64), concurrency=8), policy)  # fmt: skip
+        engine = build_rollout(RolloutSettings("agentrl/Calculator-v0", env_kwargs={"split": "test"}, env_url=url, limits=EpisodeLimits(max_turns=4), sampling=Sampling(max_tokens=64), concurrency=8, episode_retries=0), policy)  # fmt: skip
 
         async def run() -> list:
             collecting = asyncio.create_task(engine.collect(num_groups=48))
