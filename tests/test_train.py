@@ -9,6 +9,7 @@ the real vLLM engine is in tests/trainers/test_train_job.py (slow).
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import re
 from pathlib import Path
@@ -21,8 +22,9 @@ import agentrl
 from agentrl.config import ConfigError, load_config
 from agentrl.env import AgentEnv, Feedback, MessagesSpace, ReplySpace
 from agentrl.faults import EngineLost, EpisodesFailing, RunStalled, failure_message, resume_command
-from agentrl.metrics import read_metrics
+from agentrl.metrics import MetricsLogger, read_metrics
 from agentrl.policies.base import Generation
+from agentrl.policies.supervisor import EngineSupervisor
 from agentrl.testing import ScriptedPolicy
 from agentrl.train import TrainConfig, train
 from agentrl.train.setup import plan
@@ -397,6 +399,61 @@ class Flaky(AgentEnv):
 
 if "tests/Flaky-v0" not in agentrl.registered_ids():
     agentrl.register("tests/Flaky-v0", entry_point=Flaky)
+
+
+def test_a_step_its_checkpoint_saved_keeps_its_row_and_samples_when_the_disk_fills_before_the_row(
+    tiny_model_dir, tiny_tokenizer, tmp_path, monkeypatch
+):
+    # Step 2 is trained and saved, then the disk is full when its metrics row is written: the run
+    # stops. Resumed, it goes on from step 3 with step 2's row written from the checkpoint.
+    original = MetricsLogger.log
+
+    def full_at_step_2(self: MetricsLogger, step: int, metrics: Any) -> None:
+        if step == 2 and "train/loss" in metrics:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        original(self, step, metrics)
+
+    monkeypatch.setattr(MetricsLogger, "log", full_at_step_2)
+    config = _config(tiny_model_dir, tmp_path / "run", "checkpoint_every=1", "max_staleness=0")
+    with pytest.raises(OSError, match="No space left"):
+        train(config, policy=_scripted(tiny_tokenizer))
+    monkeypatch.setattr(MetricsLogger, "log", original)
+    assert [m["step"] for m in _steps(tmp_path / "run")] == [1]
+    result = train(config, policy=_scripted(tiny_tokenizer))
+
+    steps = _steps(result.run_dir)
+    assert [m["step"] for m in steps] == [1, 2, 3] and all("train/loss" in m for m in steps)
+    assert [b["step"] for b in _batches(result.run_dir)] == [1, 2, 3]  # step 2 trained once
+    assert sorted(p.name for p in (result.run_dir / "samples").glob("train-*")) == [
+        f"train-00000{n}.jsonl" for n in (1, 2, 3)
+    ]
+
+
+def test_an_engine_that_dies_under_the_weights_probe_is_replaced_and_the_new_one_probed(
+    tiny_model_dir, tiny_tokenizer, tmp_path
+):
+    # The engine core dies just as the probe after step 1's sync asks it for tokens: the probe
+    # waits for the new engine, which got the same weights, and probes it (the death ended the run before).
+    engine_dead = type("EngineDeadError", (RuntimeError,), {})
+    engines: list[ScriptedPolicy] = []
+
+    class DiesUnderTheProbe(ScriptedPolicy):
+        async def generate(self, prompt_ids: Any, sampling: Any) -> Generation:
+            if self is engines[0] and self.version >= 2:  # the sync of step 1 (a lent engine got one update first)
+                raise engine_dead("EngineCore encountered an issue.")
+            return await super().generate(prompt_ids, sampling)
+
+    def start() -> ScriptedPolicy:
+        engines.append(DiesUnderTheProbe(tiny_tokenizer, lambda prompt: "b" * (1 + len(prompt) % 3) + "a"))
+        return engines[-1]
+
+    supervised = EngineSupervisor(start, max_restarts=1, watch_every=0)
+    config = _config(tiny_model_dir, tmp_path / "run", "max_staleness=0", "probe_every=1", "probe_tolerance=10")
+    result = train(config, policy=supervised)
+
+    steps = _steps(result.run_dir)
+    assert result.steps == 3 and len(engines) == 2 and supervised.restarts == 1
+    assert all(m.get("fault/adapter_probe_gap") is not None for m in steps)
 
 
 def test_a_run_whose_every_episode_fails_stops_with_one_message_instead_of_playing_on(

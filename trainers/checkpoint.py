@@ -40,7 +40,8 @@ def save_checkpoint(
     for left in root.glob(".partial-*"):  # writes cut short (a kill, a full disk): never whole, never read
         shutil.rmtree(left, ignore_errors=True)
     partial.mkdir()
-    torch.save(trainer_state, partial / "trainer.pt")
+    with open(partial / "trainer.pt", "wb") as handle:  # through a file object, a full disk raises OSError ENOSPC
+        torch.save(trainer_state, handle)  # (given a path, torch raises a RuntimeError that names no cause)
     (partial / "controller.json").write_text(json.dumps(controller_state, indent=1))
     write_jsonl(partial / "buffer.jsonl", list(buffered))
     _fsync_tree(partial)

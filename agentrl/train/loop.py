@@ -29,10 +29,10 @@ from typing import Any
 from agentrl.build import build_rollout, rollout_settings, sampling_of
 from agentrl.dashboard.records import sample_kind, sample_records, write_samples
 from agentrl.faults import EpisodesFailing, RunStalled, WeightsMismatch
-from agentrl.metrics import MetricsLogger, policy_metric
+from agentrl.metrics import MetricsLogger, policy_metric, read_metrics
 from agentrl.policies import Policy, Sampling
 from agentrl.policies.router import RouterPolicy
-from agentrl.policies.supervisor import EngineSupervisor
+from agentrl.policies.supervisor import EngineSupervisor, engine_died
 from agentrl.rollout import FAULT_KINDS, RolloutStats, fault_kind, group_env_seed
 from agentrl.rollout.protocol import ReplacesWorkers, Rollout
 from agentrl.rollout.scheduler import close_quietly
@@ -134,6 +134,7 @@ class Controller:
     async def run(self) -> None:
         """Run the stages from the one reached; every training policy takes its steps in each."""
         self.progress.on_phase("training", sum(self.config.policy_steps(p) for p in self._trainable()))
+        self._restore_rows()
         try:
             # The last stage stays the run's stage when done, so that a run resumed with more steps
             # in it goes on where it stopped.
@@ -509,6 +510,10 @@ class Controller:
         append_json(
             Path(self.config.run_dir) / "batches.jsonl", record if self.one else {"policy": lane.policy_id, **record}
         )
+        # The step's records go first (its samples now, its row with the checkpoint), so that a
+        # step a checkpoint saves is never without them, whatever ends the process after the save.
+        env_metrics = self._complete(lane, metrics, groups, rollout_seconds)
+        lane.state.pending_row = self._row(lane, metrics, groups, env_metrics)
         # The step is saved before its weights go to the engine (they become the next version: one
         # per update), so a fault in the sync or in the generation after it cannot cost the step.
         finishing = lane.state.stage_step >= self.stage.steps
@@ -520,20 +525,22 @@ class Controller:
             try:
                 version = await lane.policy.aupdate_weights(lane.weights())
             except BaseException:
-                # The step is saved and a resume does not train it again: its row and samples are
-                # written now, with the version the sync was to make, or never.
-                self._record_step(lane, metrics, groups, lane.buffer.version + 1, rollout_seconds)
+                # The step is saved and a resume does not train it again: its row is written now,
+                # with the version the sync was to make, or never.
+                self._log_row(lane)
                 raise
             metrics["perf/time_sync"] = time.perf_counter() - synced
             if self._weights_probe_due(lane):
                 metrics["fault/adapter_probe_gap"] = await self._probe_weights(lane, groups[0][0])
+            metrics["train/policy_version"] = float(version + lane.version_offset)
+            lane.state.pending_row = self._row(lane, metrics, groups, env_metrics)
             lane.buffer.set_version(version)
             lane.window.trained(len(groups))
             lane.count_dropped(self.numbers)
             lane.state.policy_version = version + lane.version_offset
         if finishing and lane in self.active:
             self.active.remove(lane)
-        self._record_step(lane, metrics, groups, version, rollout_seconds)
+        self._log_row(lane)
         self._check_probe(lane, metrics.get("fault/adapter_probe_gap"))  # after its row: the gap is on record
         self.progress.on_advance(metrics)
         if self.config.eval_every and lane.state.step % self.config.eval_every == 0 and self.active:
@@ -558,7 +565,13 @@ class Controller:
         assert isinstance(lane.trainer, Trainer)
         prompt = sample.token_ids[: sample.prompt_length]
         sampling = Sampling(max_tokens=PROBE_TOKENS, temperature=lane.trainer.config.temperature or 1.0, seed=0)
-        generation = await lane.policy.generate(prompt, sampling)
+        for tries_left in reversed(range(3)):
+            try:
+                generation = await lane.policy.generate(prompt, sampling)
+                break
+            except Exception as e:  # an engine that died is being replaced with these weights: probe the new one
+                if not (isinstance(lane.policy, EngineSupervisor) and engine_died(e)) or not tries_left:
+                    raise
         n, p = len(generation.token_ids), len(prompt)
         probe = Trajectory(
             token_ids=prompt + list(generation.token_ids), loss_mask=[0] * p + [1] * n,
@@ -577,29 +590,51 @@ class Controller:
                 "update did not reach it"
             )
 
-    def _record_step(
-        self,
-        lane: Lane,
-        metrics: dict[str, float],
-        groups: list[list[Trajectory]],
-        version: int,
-        rollout_seconds: float,
-    ) -> None:
-        """Complete a step's ``metrics`` (its batch, faults, times) and write its row and samples."""
+    def _complete(
+        self, lane: Lane, metrics: dict[str, float], groups: list[list[Trajectory]], rollout_seconds: float
+    ) -> dict[str, float]:
+        """Complete a step's ``metrics`` with its batch (at the version its sync is to make), its
+        faults and rollout time; write its samples; return the env's own metrics of the batch, named."""
         trajectories = [t for group in groups for t in group]
-        metrics.update(self._batch_metrics(lane, trajectories, version))
+        metrics.update(self._batch_metrics(lane, trajectories, lane.buffer.version + 1))
         metrics.update(self._fault_metrics(lane))
         metrics["perf/time_rollout"] = rollout_seconds
-        metrics["perf/time_step"] = rollout_seconds + metrics["perf/time_train"] + metrics.get("perf/time_sync", 0.0)
-        metrics["perf/tokens_per_s"] = sum(t.num_generated for t in trajectories) / metrics["perf/time_step"]
         if len(self.stages) > 1:
             metrics["train/stage"] = float(self.state.stage)
         reported = self.samples.report(lane.policy_id, trajectories)
         prefix = f"env/{self.config.rollout.env_id}/" + ("" if self.one else f"{lane.policy_id}/")
-        self.metrics.log(
-            lane.state.step, {**self._named(metrics, lane), **{prefix + k: v for k, v in reported.items()}}
-        )
         self._write_samples(lane, groups)
+        return {prefix + k: v for k, v in reported.items()}
+
+    def _row(
+        self, lane: Lane, metrics: dict[str, float], groups: list[list[Trajectory]], env_metrics: dict[str, float]
+    ) -> dict[str, float]:
+        """The step's row as logged: ``metrics`` with the step's whole time and throughput (its sync
+        included once timed), named for the lane, and the env's metrics."""
+        metrics["perf/time_step"] = (
+            metrics["perf/time_rollout"] + metrics["perf/time_train"] + metrics.get("perf/time_sync", 0.0)
+        )
+        metrics["perf/tokens_per_s"] = sum(t.num_generated for g in groups for t in g) / metrics["perf/time_step"]
+        return {**self._named(metrics, lane), **env_metrics}
+
+    def _log_row(self, lane: Lane) -> None:
+        """Write the lane's pending row (its last step's) to the run's metrics."""
+        assert lane.state.pending_row is not None
+        self.metrics.log(lane.state.step, lane.state.pending_row)
+        lane.state.pending_row = None
+
+    def _restore_rows(self) -> None:
+        """Log the row of a step its checkpoint saved but the metrics never got (the process was
+        killed, or its disk filled up, between the two): the row as the checkpoint kept it."""
+        pending = [lane for lane in self.lanes.values() if lane.state.pending_row is not None]
+        if not pending:
+            return
+        logged = read_metrics(self.config.run_dir) if self.metrics.resumed else []
+        for lane in pending:
+            name = next(iter(self._named({"train/policy_version": 0.0}, lane)))
+            if not any(entry["step"] == lane.state.step and entry.get(name) is not None for entry in logged):
+                self._log_row(lane)
+            lane.state.pending_row = None
 
     def _named(self, metrics: dict[str, float], lane: Lane) -> dict[str, float]:
         """``metrics`` as the run logs them: as they are for one lane, per policy for several."""

@@ -43,6 +43,9 @@ class LaneState:
     so that ``max_engine_restarts`` bounds the run, not each command of it."""
     engine_seconds_lost: float = 0.0
     """Seconds those restarts cost, over the whole run."""
+    pending_row: dict[str, float] | None = None
+    """The metrics row of its last step while that step's weights are synced: kept with the
+    checkpoint, so that a run that stops before the row is written writes it when resumed."""
 
 
 @dataclass
