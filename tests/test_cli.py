@@ -622,6 +622,20 @@ def test_line_progress_prints_each_phase_step_and_evaluation_once(capsys):
     assert lines[8:] == ["held-out a success 50.0%  b success 100.0%", "training: done in 0:00:00"]
 
 
+def test_a_resumed_run_counts_its_steps_from_where_it_stopped(capsys):
+    # A run resumed after step 27 of 40 says so and goes on at step 28/40, not 1/40.
+    from agentrl.cli.progress import LineProgress
+
+    with LineProgress() as progress:
+        hooks = progress.hooks()
+        hooks.on_phase("training", 40)
+        hooks.on_resumed(27)
+        hooks.on_advance({"rollout/reward_mean": 0.5, "rollout/success_rate": 0.5})
+    lines = [line.split("] ", 1)[1] for line in capsys.readouterr().out.splitlines()]
+    assert lines[:2] == ["training (40 steps)", "resumed after step 27"]
+    assert lines[2].startswith("step 28/40  reward 0.500")
+
+
 def test_a_closed_pipe_stops_the_lines_not_the_run():
     from agentrl.cli.progress import LineProgress
 

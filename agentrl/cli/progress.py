@@ -62,7 +62,10 @@ class TrainProgress:
                 status = f"reward {info['rollout/reward_mean']:.3f}  success {info['rollout/success_rate']:.0%}"
             self.progress.update(self.task, advance=1, status=status)
 
-        return Progress(on_phase=on_phase, on_advance=on_advance)
+        def on_resumed(done: int) -> None:
+            self.progress.update(self.task, completed=done)
+
+        return Progress(on_phase=on_phase, on_advance=on_advance, on_resumed=on_resumed)
 
 
 class LineProgress:
@@ -77,6 +80,7 @@ class LineProgress:
         self.phase: str | None = None
         self.phase_started = self.started
         self.total = self.done = 0
+        self.done_before = 0  # a resumed run's steps taken by earlier commands
 
     def __enter__(self) -> LineProgress:
         return self
@@ -108,6 +112,7 @@ class LineProgress:
         def on_phase(name: str, total: int) -> None:
             self._end_phase()
             self.phase, self.total, self.done, self.phase_started = name, total, 0, time.monotonic()
+            self.done_before = 0
             unit = "steps" if name == "training" else "episodes"
             self.line(f"{name}" + (f" ({total} {unit})" if total else ""))
 
@@ -115,7 +120,7 @@ class LineProgress:
             self.done += 1
             if "rollout/reward_mean" not in info:  # an evaluation's episode: the phase's end says it
                 return
-            per_step = (time.monotonic() - self.phase_started) / self.done
+            per_step = (time.monotonic() - self.phase_started) / (self.done - self.done_before)
             left = f"  eta {clock(per_step * (self.total - self.done))}" if self.total else ""
             self.line(
                 f"step {self.done}/{self.total or '?'}  reward {info['rollout/reward_mean']:.3f}  "
@@ -130,7 +135,11 @@ class LineProgress:
             }
             self.line("held-out " + "  ".join(f"{f'{p} ' if p else ''}success {v:.1%}" for p, v in rates.items()))
 
-        return Progress(on_phase=on_phase, on_advance=on_advance, on_result=on_result)
+        def on_resumed(done: int) -> None:
+            self.done = self.done_before = done
+            self.line(f"resumed after step {done}")
+
+        return Progress(on_phase=on_phase, on_advance=on_advance, on_result=on_result, on_resumed=on_resumed)
 
 
 def clock(seconds: float) -> str:

@@ -76,6 +76,8 @@ class Progress:
     """One advance: a training step's metrics, or ``{}`` for an evaluation's episode."""
     on_result: Callable[[dict[str, Any]], None] = lambda metrics: None
     """An evaluation ended: its ``eval/...`` metrics."""
+    on_resumed: Callable[[int], None] = lambda done: None
+    """The training phase goes on from a checkpoint: this many of its steps were taken before."""
 
 
 class Controller:
@@ -134,6 +136,8 @@ class Controller:
     async def run(self) -> None:
         """Run the stages from the one reached; every training policy takes its steps in each."""
         self.progress.on_phase("training", sum(self.config.policy_steps(p) for p in self._trainable()))
+        if taken := sum(self.lanes[p].state.step for p in self._trainable()):
+            self.progress.on_resumed(taken)
         self._restore_rows()
         try:
             # The last stage stays the run's stage when done, so that a run resumed with more steps
