@@ -127,7 +127,7 @@ METRICS: Mapping[str, str] = {
     "fault/worker_died": "rollout.ray_address: episodes so far lost with the Ray env worker playing them",
     "fault/episodes_retried": "episode tries so far played again in a fresh env, same seeds, after a fault (rollout.episode_retries per episode); only the last try is ever trained on",
     "fault/groups_replaced": "groups so far left short of group_size good episodes after every retry: never trained on, each replaced by a new group",
-    "fault/env_workers_replaced": "rollout.ray_address: Ray env workers that died and were replaced so far (their unstarted groups replayed, the rest counted failed)",
+    "fault/env_workers_replaced": "rollout.ray_address: Ray env workers that died and were replaced so far, resumes included (their unstarted groups replayed, the rest counted failed)",
     # Several engines behind the router (cluster.engines; see agentrl.policies.router).
     "fault/engines_lost": "cluster: inference engines that died so far (their episodes went on on the others)",
     "fault/replayed_requests": "cluster: generation requests sent again to another engine because theirs died",

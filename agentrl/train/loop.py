@@ -118,6 +118,7 @@ class Controller:
         """Groups started before the checkpoint that reached no policy: played again first."""
         self.arrived: dict[int, list[list[Trajectory]]] = {}
         """The groups in flight: the episodes each has so far."""
+        self._workers_replaced_before = state.env_workers_replaced  # by the commands before this one
         self.failed_episodes = 0
         self.failed_in_a_row = 0
         """Episodes failed since the last one that did not (:attr:`TrainConfig.max_failed_in_a_row`)."""
@@ -671,8 +672,9 @@ class Controller:
         metrics |= {f"fault/{kind}": float(self.state.faults.get(kind, 0)) for kind in FAULT_KINDS}
         metrics["fault/episodes_retried"] = float(self.state.retried_episodes)
         metrics["fault/groups_replaced"] = float(len(self.state.replaced_groups))
-        if isinstance(self.rollout, ReplacesWorkers):  # a DistributedRollout's dead workers
-            metrics["fault/env_workers_replaced"] = float(len(self.rollout.retired))
+        if isinstance(self.rollout, ReplacesWorkers):  # a DistributedRollout's dead workers, resumes included
+            self.state.env_workers_replaced = self._workers_replaced_before + len(self.rollout.retired)
+            metrics["fault/env_workers_replaced"] = float(self.state.env_workers_replaced)
         return metrics
 
     async def _curriculum_metrics(self, lane: Lane, groups: list[list[Trajectory]]) -> dict[str, float]:

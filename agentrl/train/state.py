@@ -71,6 +71,8 @@ class RunState:
     """Failed episode tries by :func:`~agentrl.rollout.fault_kind`, over the whole run (retried ones included)."""
     retried_episodes: int = 0
     """Episode tries played again in a fresh env after a fault, over the whole run."""
+    env_workers_replaced: int = 0
+    """Ray env workers that died and were replaced, over the whole run."""
     lanes: dict[str, LaneState] = field(default_factory=dict)
     eval_before: dict[str, float] | None = None
     """The evaluation before the first step (not repeated on resume)."""
