@@ -308,7 +308,12 @@ def main() -> None:
             for name in ("train.out", "env_faults.log"):
                 if (work / name).exists():
                     shutil.copy(work / name, args.keep / name)
-        subprocess.run(["umount", str(disk)], check=False)
+        for _ in range(10):  # a process killed just now may still hold a file there for a moment
+            if subprocess.run(["umount", str(disk)], capture_output=True).returncode == 0:
+                break
+            time.sleep(1)
+        else:
+            subprocess.run(["umount", "--lazy", str(disk)], check=False)
         shutil.rmtree(work, ignore_errors=True)
 
 
