@@ -22,6 +22,10 @@ registry of their own here with the same ids, the same entry points and the same
     env = make_multiagent("agentrl/Negotiation-v0")              # a ParallelEnv
     aec = make_multiagent("agentrl/Negotiation-v0", api="aec")   # the same game as an AECEnv
 
+An adapter over another package's envs can register a whole namespace lazily
+(:func:`register_namespace`): its ids are registered the first time one of them is made or listed,
+so ``import agentrl`` does not import that package (TextArena's games, ``textarena/<Game>``).
+
 An unknown id, of either kind, gets one message (:func:`unknown_env_message`): the other kind's id
 if it is one, else the closest ids.
 """
@@ -186,6 +190,31 @@ class MultiAgentSpec:
 
 
 _MULTIAGENT: dict[str, MultiAgentSpec] = {}
+_NAMESPACE_LOADERS: dict[str, Callable[[], None]] = {}
+_loaded_namespaces: set[str] = set()
+
+
+def register_namespace(namespace: str, loader: Callable[[], None]) -> None:
+    """Let ``loader`` register the multi-agent ids of ``namespace`` the first time one of them is
+    made, checked or listed: an adapter over a package that is slow to import or may not be
+    installed. ``loader`` raises ``ModuleNotFoundError`` (saying what to install) when it cannot;
+    listing then skips the namespace, and making one of its ids raises that error.
+
+    >>> register_namespace("textarena", register_games)  # doctest: +SKIP  (envs/textarena.py)
+    """
+    _NAMESPACE_LOADERS[namespace] = loader
+
+
+def _load_namespace(namespace: str, *, quiet: bool) -> None:
+    if namespace in _loaded_namespaces or namespace not in _NAMESPACE_LOADERS:
+        return
+    try:
+        _NAMESPACE_LOADERS[namespace]()
+    except ModuleNotFoundError:
+        if quiet:
+            return
+        raise
+    _loaded_namespaces.add(namespace)
 
 
 def register_multiagent(id: str, entry_point: str | Callable[..., Any], kwargs: dict[str, Any] | None = None) -> None:
@@ -205,6 +234,8 @@ def register_multiagent(id: str, entry_point: str | Callable[..., Any], kwargs: 
 def multiagent_spec(id: str) -> MultiAgentSpec:
     """The spec registered under ``id``; unknown ids raise :class:`UnknownEnvError`."""
     load_plugins()
+    if id not in _MULTIAGENT:
+        _load_namespace(id.partition("/")[0], quiet=False)
     if id in _MULTIAGENT:
         return _MULTIAGENT[id]
     raise UnknownEnvError(unknown_env_message(id, multiagent=True))
@@ -213,12 +244,17 @@ def multiagent_spec(id: str) -> MultiAgentSpec:
 def multiagent_ids(namespace: str | None = None) -> list[str]:
     """The registered multi-agent ids, sorted (``namespace="agentrl"`` for the built-ins only)."""
     load_plugins()
+    for lazy in list(_NAMESPACE_LOADERS):
+        if namespace in (None, lazy):
+            _load_namespace(lazy, quiet=True)
     return sorted(i for i in _MULTIAGENT if namespace is None or i.startswith(f"{namespace}/"))
 
 
 def is_multiagent(id: str) -> bool:
-    """Is ``id`` a registered multi-agent env?"""
-    return id in multiagent_ids()
+    """Is ``id`` a registered multi-agent env? (Loads only the namespace of ``id``.)"""
+    load_plugins()
+    _load_namespace(id.partition("/")[0], quiet=True)
+    return id in _MULTIAGENT
 
 
 @overload
@@ -280,6 +316,7 @@ def takes_kwarg(id: str, name: str) -> bool:
 def unknown_env_message(id: str, *, multiagent: bool = False) -> str:
     """What to tell a user who asked for ``id``, which is not registered as the kind they asked for
     (single-agent, or ``multiagent``): the other kind's maker if it is one, else the closest ids."""
+    _load_namespace(id.partition("/")[0], quiet=True)
     if multiagent and id in gym.registry:
         return f"{id!r} is a single-agent env; make it with agentrl.make({id!r})."
     if not multiagent and id in _MULTIAGENT:

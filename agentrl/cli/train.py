@@ -122,6 +122,14 @@ def _print_train_summary(config: Any, result: Any) -> None:
                 fmt.format(before[metric]) if metric in before else "-",
                 fmt.format(after[metric]) if metric in after else "-",
             )
+        held_out = f"env/{config.rollout.env_id}/" + ("" if policy is None else f"{policy}/") + "held_out/"
+        for metric in dict.fromkeys(n for n in (*before, *after) if n.startswith(held_out)):
+            name = metric[len(held_out) :] if policy is None else f"{policy} {metric[len(held_out) :]}"
+            table.add_row(
+                escape(name),
+                f"{before[metric]:.3g}" if metric in before else "-",
+                f"{after[metric]:.3g}" if metric in after else "-",
+            )
     console.print(table)
     _print_reported(config, result)
     _print_faults(result)
@@ -130,12 +138,13 @@ def _print_train_summary(config: Any, result: Any) -> None:
 
 def _print_reported(config: Any, result: Any) -> None:
     """What the run's ``metrics_fn`` reported (``env/<env id>/...``), at each name's first and last
-    step: how the training batches changed, in the env's own words."""
+    step: how the training batches changed, in the env's own words (its reports of the held-out
+    episodes, ``.../held_out/...``, are rows of the held-out table)."""
     if not getattr(config, "metrics_fn", None):
         return
     entries = read_metrics(Path(result.run_dir))
     prefix = f"env/{config.rollout.env_id}/"
-    names = list(dict.fromkeys(n for entry in entries for n in entry if n.startswith(prefix)))
+    names = list(dict.fromkeys(n for entry in entries for n in entry if n.startswith(prefix) and "/held_out/" not in n))
     if not names:
         return
     table = Table(title=f"training batches, as {config.metrics_fn} reports them", title_justify="left")

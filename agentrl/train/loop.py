@@ -607,9 +607,13 @@ class Controller:
         if len(self.stages) > 1:
             metrics["train/stage"] = float(self.state.stage)
         reported = self.samples.report(lane.policy_id, trajectories)
-        prefix = f"env/{self.config.rollout.env_id}/" + ("" if self.one else f"{lane.policy_id}/")
         self._write_samples(lane, groups)
-        return {prefix + k: v for k, v in reported.items()}
+        return {self._env_prefix(lane) + k: v for k, v in reported.items()}
+
+    def _env_prefix(self, lane: Lane) -> str:
+        """Where the names ``metrics_fn`` reports are logged: ``env/<env id>/``, then the policy in
+        a run of several."""
+        return f"env/{self.config.rollout.env_id}/" + ("" if self.one else f"{lane.policy_id}/")
 
     def _row(
         self, lane: Lane, metrics: dict[str, float], groups: list[list[Trajectory]], env_metrics: dict[str, float]
@@ -789,6 +793,8 @@ class Controller:
                     scores["eval/reference_nll"] = nll
             self._write_eval_samples(lane, mine)
             named = self._named(scores, lane)
+            reported = self.samples.report(policy_id, mine, held_out=True)
+            named.update({f"{self._env_prefix(lane)}held_out/{k}": v for k, v in reported.items()})
             self.metrics.log(lane.state.step, named)  # at the policy's own step
             result.update(named)
         self.progress.on_result(result)

@@ -84,13 +84,14 @@ class SampleMaker:
             return []
         return [t for t in samples if t.num_generated > 0]
 
-    def report(self, policy_id: str, samples: list[Trajectory]) -> dict[str, float]:
-        """What ``metrics_fn`` says of one step's ``samples`` of ``policy_id`` (nothing without one).
-        A hook that raises or gives a value that is not a number costs the step's report, logged
-        once per message, never the step."""
+    def report(self, policy_id: str, samples: list[Trajectory], *, held_out: bool = False) -> dict[str, float]:
+        """What ``metrics_fn`` says of one step's ``samples`` of ``policy_id`` (nothing without one);
+        ``held_out``: of an evaluation's episodes instead, which the policy's history of training
+        steps (``previous``) neither sees nor keeps. A hook that raises or gives a value that is not
+        a number costs the report, logged once per message, never the step."""
         if self.metrics_fn is None:
             return {}
-        previous = self.reported.setdefault(policy_id, [])
+        previous = [] if held_out else self.reported.setdefault(policy_id, [])
         try:
             report = {
                 str(k): float(v)
