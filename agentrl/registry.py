@@ -205,6 +205,11 @@ def register_namespace(namespace: str, loader: Callable[[], None]) -> None:
     _NAMESPACE_LOADERS[namespace] = loader
 
 
+def lazy_namespaces() -> list[str]:
+    """The namespaces registered with :func:`register_namespace`, sorted."""
+    return sorted(_NAMESPACE_LOADERS)
+
+
 def _load_namespace(namespace: str, *, quiet: bool) -> None:
     if namespace in _loaded_namespaces or namespace not in _NAMESPACE_LOADERS:
         return

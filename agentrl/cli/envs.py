@@ -3,7 +3,9 @@ the env contract, play one in the terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import io
 import json
 import sys
 from dataclasses import dataclass
@@ -28,7 +30,7 @@ from agentrl.cli.common import (
     read_reply,
 )
 from agentrl.env import as_agent_env
-from agentrl.registry import is_multiagent, load_plugins
+from agentrl.registry import is_multiagent, lazy_namespaces, load_plugins
 from agentrl.suggest import did_you_mean
 from agentrl.types import Message
 
@@ -67,10 +69,20 @@ def envs_command(
         except Exception as e:  # noqa: BLE001 - one broken env must not hide the others
             description = Text(f"could not load: {type(e).__name__}: {e}", style="red")
         table.add_row(env_id, description)
-    console.print(table)
-    multiagent = agentrl.multiagent_ids(namespace)
+    if ids or not namespace:
+        console.print(table)
+    # A hub's namespace (textarena/: hundreds of games) is listed when asked for by name.
+    hubs = [] if namespace else lazy_namespaces()
+    multiagent = [i for i in agentrl.multiagent_ids(namespace) if i.partition("/")[0] not in hubs]
     if multiagent:
         _print_multiagent_envs(multiagent)
+    for hub in hubs:
+        count = len(agentrl.multiagent_ids(hub))
+        console.print(
+            f"{hub}/: {count} more multi-agent envs: agentrl envs -n {hub}"
+            if count
+            else f"{hub}/: none here (its package is not installed: docs/ecosystem.md)"
+        )
     if not ids and not multiagent:
         known = {i.split("/")[0] for i in [*agentrl.registered_ids(), *agentrl.multiagent_ids()] if "/" in i}
         hint = did_you_mean(namespace, sorted(known)) if namespace else ""
@@ -91,7 +103,8 @@ def _print_multiagent_envs(ids: list[str]) -> None:
     table.add_column("description")
     for env_id in ids:
         try:
-            env = agentrl.make_multiagent(env_id)
+            with contextlib.redirect_stdout(io.StringIO()):  # a game that prints as it is made (TextArena's)
+                env = agentrl.make_multiagent(env_id)
         except Exception as e:  # noqa: BLE001 - one broken env must not hide the others
             table.add_row(env_id, "", Text(f"could not load: {type(e).__name__}: {e}", style="red"))
             continue

@@ -15,9 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import agentrl
 from agentrl.checker import EnvCheckError
+from agentrl.cli import app
 from agentrl.config import load_config
 from agentrl.dashboard import read_trajectories, sample_files
 from agentrl.envs.textarena import GameStuck, GameUnavailable, TextArenaEnv, game_ids, game_metrics
@@ -216,6 +218,21 @@ def test_the_games_are_listed_with_their_players_and_textarena_is_not_imported_b
     code = "import sys, agentrl; agentrl.make('agentrl/Calculator-v0'); print('textarena' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_agentrl_envs_lists_the_games_when_asked_for_their_namespace():
+    runner = CliRunner()
+    everything = runner.invoke(app, ["envs"])
+    assert everything.exit_code == 0, everything.output
+    assert "agentrl/Waltz-v0" in everything.output and "textarena/TicTacToe-v0" not in everything.output
+    assert f"textarena/: {len(game_ids())} more multi-agent envs: agentrl envs -n textarena" in everything.output
+
+    games = runner.invoke(app, ["envs", "-n", "textarena"], env={"COLUMNS": "200"})
+    assert games.exit_code == 0, games.output
+    row = next(line for line in games.output.splitlines() if "textarena/TicTacToe-v0 " in line)
+    assert "player_0, player_1" in row
+    assert "Generated puzzle" not in games.output  # what games print as they are made is not shown
+    assert "needs a newer Python" in games.output or sys.version_info >= (3, 12)
 
 
 def test_two_policies_train_against_each_other_each_on_its_own_seat(tiny_model_dir, tmp_path):
