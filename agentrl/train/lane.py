@@ -66,6 +66,7 @@ class Lane:
         self.filtered_reported = 0
         self.lock = asyncio.Lock()  # a checkpoint never sees a step half done
         self.probed_restarts = 0  # the engine restarts when its weights were last probed
+        self.starved = 0  # finished groups in a row that held no sample for this policy
 
     def weights(self) -> Any:
         """What the engine loads after a step: the adapter's tensors, or every tensor of the model."""

@@ -50,6 +50,9 @@ log = logging.getLogger(__name__)
 
 PROBE_TOKENS = 8
 """Tokens the engine samples for the weights probe (``probe_every``)."""
+STARVED_GROUPS = 32
+"""Groups in a row, played without a fault, that hold no sample for a training policy before the run
+stops saying so (its trainer would wait for a batch for ever)."""
 
 
 @dataclass
@@ -366,7 +369,19 @@ class Controller:
             group = samples.get(lane.policy_id, [])
             if not group:
                 lane.lose(number)
+                lane.starved += len(good) >= self.group_size
+                if lane.starved == STARVED_GROUPS:
+                    self._stop(
+                        RunStalled(
+                            f"policy {lane.policy_id} got no sample from the last {STARVED_GROUPS} groups in a row, "
+                            f"played without a fault: none of its agents took a turn (in a turn-based game an "
+                            f"earlier player may end every game first, e.g. by invalid moves), or the run's "
+                            f"samples_fn gave it none. Its trainer would wait for a batch for ever: map its "
+                            f"agents to a policy that plays, or pick an env where they move."
+                        )
+                    )
                 continue
+            lane.starved = 0
             lane.buffer.put_group(group_id, [replace(t, group_id=group_id) for t in group])
             lane.count_dropped(self.numbers)  # dropped on arrival if already too stale
 

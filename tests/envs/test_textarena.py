@@ -23,6 +23,7 @@ from agentrl.cli import app
 from agentrl.config import load_config
 from agentrl.dashboard import read_trajectories, sample_files
 from agentrl.envs.textarena import GameStuck, GameUnavailable, TextArenaEnv, game_ids, game_metrics
+from agentrl.faults import RunStalled
 from agentrl.metrics import read_metrics
 from agentrl.train import TrainConfig, train
 from agentrl.types import Trajectory
@@ -275,6 +276,35 @@ def test_two_policies_train_against_each_other_each_on_its_own_seat(tiny_model_d
             assert record["policy_id"] == policy and record["agent_id"] == policy  # its own seat only
             seen.add(policy)
     assert seen == {"player_0", "player_1"}
+
+
+def test_a_seat_that_never_moves_stops_the_run_saying_so(tiny_model_dir, tmp_path):
+    # The tiny model writes no legal TicTacToe move: player 0 loses by two invalid moves in every
+    # game, player 1 never moves, and player 1's trainer would wait for a batch for ever.
+    config = load_config(
+        TrainConfig,
+        None,
+        [
+            "rollout.env_id=textarena/TicTacToe-v0",
+            f"rollout.model={tiny_model_dir}",
+            "rollout.backend=hf",
+            "rollout.group_size=2",
+            "rollout.max_tokens=4",
+            "rollout.max_length=1024",
+            "trainer.micro_batch_size=4",
+            "mapping=individual",
+            'policies={"player_0": {"weights": "full"}, "player_1": {"weights": "full"}}',
+            "groups_per_step=2",
+            "steps=1",
+            "eval_episodes=0",
+            "checkpoint_every=0",
+            "export=false",
+            "torch_threads=1",
+            f"run_dir={tmp_path / 'run'}",
+        ],
+    )
+    with pytest.raises(RunStalled, match="policy player_1 got no sample from the last 32 groups in a row"):
+        train(config)
 
 
 def test_the_textarena_example_config_loads(tmp_path):
