@@ -234,7 +234,8 @@ def test_agentrl_envs_lists_the_games_when_asked_for_their_namespace():
     row = next(i for i, line in enumerate(lines) if "textarena/TicTacToe-v0 " in line)
     assert "player_0," in lines[row] and "player_1" in lines[row] + lines[row + 1]  # the column may wrap
     assert "Generated puzzle" not in games.output  # what games print as they are made is not shown
-    assert "needs a newer Python" in games.output or sys.version_info >= (3, 12)
+    chess = next(line for line in lines if "textarena/Chess-v0 " in line)
+    assert "could not" in chess or sys.version_info >= (3, 12)  # load: GameUnavailable ... (wrapped)
 
 
 def test_two_policies_train_against_each_other_each_on_its_own_seat(tiny_model_dir, tmp_path):
