@@ -619,7 +619,10 @@ def test_line_progress_prints_each_phase_step_and_evaluation_once(capsys):
     ]
     assert lines[6].startswith("step 1/2  reward 0.500  success 50%  0.0 s/step  eta 0:00:00")
     assert lines[7].startswith("step 2/2  reward 0.750  success 75%")
-    assert lines[8:] == ["held-out a success 50.0%  b success 100.0%", "training: done in 0:00:00"]
+    assert lines[8:] == [
+        "held-out a success 50.0%  b success 100.0%  a vs base success 10.0%",
+        "training: done in 0:00:00",
+    ]
 
 
 def test_a_resumed_run_counts_its_steps_from_where_it_stopped(capsys):

@@ -128,11 +128,12 @@ class LineProgress:
             )
 
         def on_result(metrics: dict[str, Any]) -> None:
-            rates = {  # eval/success_rate, or eval/<policy>/success_rate per policy
-                k.removeprefix("eval/").removesuffix("success_rate").rstrip("/"): v
+            rates = {  # eval/success_rate, eval/<policy>/success_rate, eval/<policy>/vs_base_success_rate
+                k.removeprefix("eval/").removesuffix("success_rate").rstrip("/_").replace("vs_base", "vs base"): v
                 for k, v in metrics.items()
-                if k.endswith("success_rate") and "vs_base" not in k
+                if k.endswith("success_rate")
             }
+            rates = {who.replace("/", " "): v for who, v in rates.items()}
             self.line("held-out " + "  ".join(f"{f'{p} ' if p else ''}success {v:.1%}" for p, v in rates.items()))
 
         def on_resumed(done: int) -> None:

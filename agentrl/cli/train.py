@@ -88,9 +88,10 @@ _EVAL_ROWS = (
     ("eval/episodes", "episodes", "{:.0f}"),
     ("eval/failed", "failed", "{:.0f}"),
     ("eval/reference_nll", "reference NLL per token", "{:.3f}"),
+    ("eval/vs_base_success_rate", "success against the base model", "{:.1%}"),
 )
 """The held-out rows of ``agentrl train``'s summary: metric, label, format."""
-_OPTIONAL_EVAL_ROWS = ("eval/reference_nll",)
+_OPTIONAL_EVAL_ROWS = ("eval/reference_nll", "eval/vs_base_success_rate")
 """Rows shown only by runs that log them (envs with reference answers)."""
 
 

@@ -768,10 +768,11 @@ class Controller:
         )
         engine = build_rollout(held_out, policies)
         steps = self.state.steps()
-        self.progress.on_phase(
-            f"evaluating (step {steps})" if self.one else f"evaluating (step {steps} of all policies)",
-            self.config.eval_episodes,
-        )
+        if against_base is not None:
+            phase = f"evaluating {against_base[0]} against the base model (step {steps})"
+        else:
+            phase = f"evaluating (step {steps})" if self.one else f"evaluating (step {steps} of all policies)"
+        self.progress.on_phase(phase, self.config.eval_episodes)
         started = time.perf_counter()
         played: list[Trajectory] = []
         try:
