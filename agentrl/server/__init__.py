@@ -3,7 +3,7 @@
 ``docs/env-server.md`` is the guide."""
 
 from agentrl.server.app import make_app
-from agentrl.server.openenv import OpenEnvEnv, add_openenv_routes
+from agentrl.server.openenv import OpenEnvEnv, OpenEnvError, add_openenv_routes
 from agentrl.server.remote import EnvClient, EnvServerError, RemoteEnv, remote_env_factory
 from agentrl.server.run import ServerThread, load_tokens, serve
 from agentrl.server.sessions import ServerLimits
@@ -12,6 +12,7 @@ __all__ = [
     "EnvClient",
     "EnvServerError",
     "OpenEnvEnv",
+    "OpenEnvError",
     "RemoteEnv",
     "ServerLimits",
     "ServerThread",

@@ -1,17 +1,30 @@
-"""OpenEnv interoperability, both ways (OpenEnv: ``openenv-core`` on PyPI, meta-pytorch/OpenEnv).
+"""OpenEnv interoperability, both ways (OpenEnv: the ``openenv`` package, 0.10; meta-pytorch/OpenEnv).
 
 **An OpenEnv env played as an agentrl env.** :class:`OpenEnvEnv` connects to any OpenEnv server
-(``openenv.core.env_server.create_app``, in Docker or not) with OpenEnv's own client
-(``GenericEnvClient``, over its ``/ws`` WebSocket, where a session keeps its env: OpenEnv's plain
-HTTP ``/reset`` and ``/step`` make a fresh env per call) and speaks messages: the reply's text goes
-into the action field ``action_field``, the observation's text field ``observation_field`` (or the
-whole observation as JSON) comes back as a user message, ``reward`` and ``done`` as they are::
+(``openenv.core.env_server.create_app``: in Docker, a Hugging Face Space, or a local process) over
+OpenEnv's WebSocket protocol at ``URL/ws``, where one connection is one session that keeps its env
+(OpenEnv's plain HTTP ``/reset`` and ``/step`` make a fresh env per call). It speaks messages:
+
+- a text env: the reply's text goes into the action field ``action_field``; the observation's field
+  ``observation_field`` (a dotted path such as ``"metadata.question"``, or the whole observation as
+  JSON) comes back as a user message; ``reward`` and ``done`` as they are;
+- an MCP env (``tools=True``; OpenEnv's ``MCPEnvironment``, whose actions are ``list_tools`` and
+  ``call_tool``): the server's tools, listed once when the env is made, are the env's tools, so the
+  policy sees them in its chat template and its tool calls run on the server, one ``call_tool``
+  step each, answered by ``tool`` messages; a call's ``reward`` and ``done`` are the step's. A reply
+  without a tool call is told to call one (reward 0, the episode goes on).
+
+::
 
     agentrl.register("openenv/Echo-v0", "agentrl.server.openenv:OpenEnvEnv",
                      kwargs={"url": "http://127.0.0.1:8001", "action_field": "message",
                              "observation_field": "echoed_message"})
 
-It needs ``pip install openenv-core`` (imported only when one is made).
+It needs no OpenEnv package: the protocol is spoken here with ``websockets``, so the env servers run
+wherever their own dependencies live (``openenv`` 0.4-0.10 pins ``fastmcp<4``, hence ``mcp<2``, and
+cannot be installed beside vLLM 0.32, which needs ``mcp>=2``). ``headers`` (or ``token``, for
+``Authorization: Bearer TOKEN``) go with the handshake: a private Space or a server behind a token.
+An error frame raises :class:`OpenEnvError` with the server's message and code.
 
 **agentrl envs for OpenEnv clients.** :func:`add_openenv_routes` serves OpenEnv's WebSocket protocol
 beside agentrl's own routes (``agentrl serve`` always adds them): a single-agent env ``ENV_ID`` is at
@@ -27,9 +40,10 @@ where ``OBS`` is ``{"messages": [...], "info": {...}, "terminated": ..., "trunca
 ``REPLY`` the reply's text (or an assistant message dict). Errors answer
 ``{"type": "error", "data": {"message": ..., "code": ...}}`` with OpenEnv's codes. A connection is a
 session of the server's: it counts against ``max_sessions`` (``CAPACITY_REACHED`` past it), ends
-after ``idle_timeout`` seconds without a message, and each call has the step limit. On a server
-with tokens the handshake must carry ``Authorization: Bearer TOKEN`` (OpenEnv's client sends no
-headers, so serve OpenEnv clients on loopback without a token, or give its connection the header).
+after ``idle_timeout`` seconds without a message, and each call has the step limit.
+OpenEnv's own client (``GenericEnvClient``, in its own environment) plays them, with
+``headers={"Authorization": "Bearer TOKEN"}`` on a server with tokens (without one, the handshake
+is refused: close code 1008).
 """
 
 from __future__ import annotations
@@ -37,26 +51,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
 
-from agentrl.env import AgentEnv, Feedback
+from agentrl.env import AgentEnv, Feedback, ReplySpace
 from agentrl.server.app import _maker, _timed, authorized, play_reset, play_step
 from agentrl.server.sessions import Full, Session, SessionStore
 from agentrl.threads import ENV_THREADS
+from agentrl.tools import Tool, ToolResult
 from agentrl.types import Message
 
 # --- OpenEnv servers, as agentrl envs --------------------------------------------------------------
+
+
+class OpenEnvError(RuntimeError):
+    """An OpenEnv server answered with an error frame, refused the connection, or closed it."""
+
+    def __init__(self, message: str, code: str = ""):
+        super().__init__(message)
+        self.code = code
 
 
 class OpenEnvEnv(AgentEnv):
     """An OpenEnv environment server played as an :class:`~agentrl.env.AgentEnv` (see the module docstring).
 
     ``reset(seed=...)`` passes the seed on; ``options`` go to OpenEnv's reset as keyword arguments.
-    ``system_prompt``, when given, is the first observation's first message.
+    ``system_prompt``, when given, is the first observation's first message. ``message_timeout``
+    bounds each answer (a late one drops the connection: its frames can no longer be paired).
     """
+
+    tool_timeout = None  # a call's time limit is message_timeout, on the socket
 
     def __init__(
         self,
@@ -65,19 +94,36 @@ class OpenEnvEnv(AgentEnv):
         action_field: str = "message",
         observation_field: str | None = None,
         system_prompt: str | None = None,
+        tools: bool = False,
+        headers: Mapping[str, str] | None = None,
+        token: str | None = None,
         max_turns: int | None = None,
         message_timeout: float = 60.0,
     ):
         super().__init__(max_turns=max_turns)
-        from openenv.core.generic_client import GenericEnvClient  # noqa: PLC0415  (an optional, heavy dependency)
-
-        self.url = url
+        self.url = url.rstrip("/")
         self.action_field = action_field
         self.observation_field = observation_field
         self.system_prompt = system_prompt
-        self.client = GenericEnvClient(base_url=url, message_timeout_s=message_timeout).sync()
+        self.message_timeout = message_timeout
+        self.headers = dict(headers or {})
+        if token is not None:
+            self.headers["Authorization"] = f"Bearer {token}"
+        self._socket: ClientConnection | None = None
+        self._lock = threading.Lock()  # one request in flight per connection
         self._seed: int | None = None
-        self._connected = False
+        self._outcomes: list[tuple[float, bool]] = []  # (reward, done) of this reply's tool calls
+        if tools:
+            try:
+                listed = self._request("step", {"type": "list_tools"}).get("observation") or {}
+            except OpenEnvError as e:
+                listed = {"metadata": {"error": str(e)}}
+            if not listed.get("tools"):
+                error = (listed.get("metadata") or {}).get("error", "it listed none")
+                raise OpenEnvError(f"{self.url} lists no MCP tools ({error}); is it an MCPEnvironment? "
+                                   "Play a text env with tools=False and action_field.")  # fmt: skip
+            self.tools = [self._server_tool(spec) for spec in listed["tools"]]
+            self.action_space = ReplySpace(self.tools)
 
     @property
     def _env_name(self) -> str:
@@ -88,38 +134,119 @@ class OpenEnvEnv(AgentEnv):
         return super().reset(seed=seed, options=options)
 
     def start(self, options: dict[str, Any] | None) -> list[Message]:
-        if not self._connected:
-            self.client.connect()
-            self._connected = True
-        kwargs = dict(options or {})
+        data = dict(options or {})
         if self._seed is not None:
-            kwargs["seed"] = self._seed
-        result = self.client.reset(**kwargs)
+            data["seed"] = self._seed
+        result = self._request("reset", data)
         messages = [Message("system", self.system_prompt)] if self.system_prompt else []
-        return [*messages, Message("user", self._text(result.observation))]
+        return [*messages, Message("user", self._text(result["observation"]))]
 
     def respond(self, reply: Message) -> Feedback:
-        result = self.client.step({self.action_field: reply.content})
+        if self.tools:
+            names = ", ".join(t.name for t in self.tools)
+            return Feedback([Message("user", f"This env acts through its tools only: call one of {names}.")])
+        # JSON cannot carry a lone surrogate (a garbled reply may hold one): it becomes "?".
+        text = reply.content.encode("utf-8", "replace").decode("utf-8")
+        result = self._request("step", {self.action_field: text})
         return Feedback(
-            [Message("user", self._text(result.observation))],
-            reward=float(result.reward or 0.0),
-            terminated=bool(result.done),
+            [Message("user", self._text(result["observation"]))],
+            reward=float(result.get("reward") or 0.0),
+            terminated=bool(result.get("done")),
+        )
+
+    def answer_tools(self, reply: Message, results: list[ToolResult]) -> Feedback:
+        outcomes, self._outcomes = self._outcomes, []
+        feedback = super().answer_tools(reply, results)
+        return feedback._replace(
+            reward=sum(reward for reward, _ in outcomes), terminated=any(done for _, done in outcomes)
         )
 
     def close(self) -> None:
-        if self._connected:
-            self.client.close()
-            self._connected = False
+        with self._lock:
+            if self._socket is not None:
+                with contextlib.suppress(Exception):
+                    self._socket.send(json.dumps({"type": "close"}))
+                self._socket.close()
+                self._socket = None
+
+    # --- the protocol ------------------------------------------------------------------------
+
+    def _request(self, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            socket = self._connected()
+            try:
+                socket.send(json.dumps({"type": kind, "data": data}))
+                answer = json.loads(socket.recv(timeout=self.message_timeout))
+            except TimeoutError:
+                self._drop()
+                raise TimeoutError(
+                    f"{self.url} sent no answer to {kind!r} within {self.message_timeout:g} s."
+                ) from None
+            except ConnectionClosed as e:
+                self._drop()
+                reason = e.rcvd.reason if e.rcvd is not None else "no reason given"
+                raise OpenEnvError(f"{self.url} closed the connection during {kind!r}: {reason}.") from None
+        if answer.get("type") == "error":
+            error = answer.get("data") or {}
+            code = str(error.get("code", ""))
+            raise OpenEnvError(f"{self.url} answered {kind!r} with {code}: {error.get('message', '')}", code)
+        return answer.get("data") or {}
+
+    def _connected(self) -> ClientConnection:
+        if self._socket is None:
+            scheme, rest = self.url.split("://", 1) if "://" in self.url else ("http", self.url)
+            ws_url = f"{'wss' if scheme in ('https', 'wss') else 'ws'}://{rest}/ws"
+            try:
+                # connect() is its own context manager: entered here, the socket closed by close().
+                self._socket = connect(ws_url, additional_headers=self.headers, open_timeout=self.message_timeout,
+                                       max_size=None, proxy=None).__enter__()  # fmt: skip
+            except InvalidStatus as e:
+                raise OpenEnvError(f"{ws_url} refused the connection: HTTP {e.response.status_code} "
+                                   "(a wrong path, or a missing token: pass token= or headers=).") from None  # fmt: skip
+            except OSError as e:
+                raise OpenEnvError(f"Cannot reach the OpenEnv server at {ws_url}: {e}. Is it running?") from None
+        return self._socket
+
+    def _drop(self) -> None:
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+    def _server_tool(self, spec: Mapping[str, Any]) -> Tool:
+        name = spec["name"]
+
+        def runs_on_the_server(**arguments: Any) -> str:
+            result = self._request("step", {"type": "call_tool", "tool_name": name, "arguments": arguments})
+            self._outcomes.append((float(result.get("reward") or 0.0), bool(result.get("done"))))
+            observation = result.get("observation") or {}
+            if observation.get("error"):
+                raise RuntimeError(observation["error"].get("message", observation["error"]))
+            return _tool_text(observation.get("result"))
+
+        return Tool(name, spec.get("description", ""), dict(spec.get("input_schema") or {}), runs_on_the_server)
 
     def _text(self, observation: Mapping[str, Any]) -> str:
-        if self.observation_field is not None:
-            if self.observation_field not in observation:
+        if self.observation_field is None:
+            return json.dumps(dict(observation), ensure_ascii=False, sort_keys=True, default=str)
+        value: Any = observation
+        for part in self.observation_field.split("."):
+            if not isinstance(value, Mapping) or part not in value:
+                have = sorted(value) if isinstance(value, Mapping) else type(value).__name__
                 raise KeyError(
-                    f"The OpenEnv observation has no field {self.observation_field!r}; it has {sorted(observation)}. "
+                    f"The OpenEnv observation has no field {self.observation_field!r} ({part!r} not in {have}). "
                     "Set observation_field to one of them (or None for the whole observation as JSON)."
                 )
-            return str(observation[self.observation_field])
-        return json.dumps(dict(observation), ensure_ascii=False, sort_keys=True, default=str)
+            value = value[part]
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def _tool_text(result: Any) -> str:
+    """An MCP tool result's text: its text contents joined, else the result as JSON."""
+    if isinstance(result, Mapping) and isinstance(result.get("content"), list):
+        texts = [c.get("text", "") for c in result["content"] if isinstance(c, Mapping) and c.get("type") == "text"]
+        if texts:
+            return "\n".join(texts)
+    return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False, default=str)
 
 
 # --- agentrl envs, for OpenEnv clients -------------------------------------------------------------
