@@ -12,5 +12,6 @@ from agentrl.envs import (  # noqa: F401
     negotiation,  # noqa: F401  (multi-agent: agentrl.multiagent.make_multiagent)
     textarena,  # noqa: F401  (TextArena's games as textarena/<Game>, registered on first use)
     tool_arithmetic,  # noqa: F401  (the quickstart's task)
+    verifiers,  # noqa: F401  (a verifiers v1 Env as verifiers/Env-v0, registered on first use)
     waltz,  # noqa: F401  (multi-agent: WaltzRL's conversation and feedback agents)
 )

@@ -79,7 +79,7 @@ def envs_command(
     for hub in hubs:
         count = len(agentrl.multiagent_ids(hub))
         console.print(
-            f"{hub}/: {count} more multi-agent envs: agentrl envs -n {hub}"
+            f"{hub}/: {count} more multi-agent env{'s' if count > 1 else ''}: agentrl envs -n {hub}"
             if count
             else f"{hub}/: none here (its package is not installed: docs/ecosystem.md)"
         )
