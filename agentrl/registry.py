@@ -99,6 +99,8 @@ def make(id: str, **kwargs: Any) -> gym.Env:
 def spec(id: str) -> EnvSpec:
     """The ``EnvSpec`` registered under ``id``; unknown ids raise :class:`UnknownEnvError`."""
     load_plugins()
+    if id not in gym.registry:
+        _load_namespace(id.partition("/")[0], quiet=False)
     if id in gym.registry:
         return gym.registry[id]
     raise UnknownEnvError(unknown_env_message(id))
@@ -107,9 +109,12 @@ def spec(id: str) -> EnvSpec:
 def registered_ids(namespace: str | None = None, *, message_envs_only: bool = True) -> list[str]:
     """The registered ids, sorted; by default only message envs (not gymnasium's CartPole & co).
 
-    ``namespace="agentrl"`` lists the built-ins only.
+    ``namespace="agentrl"`` lists the built-ins only; a lazy namespace (:func:`register_namespace`)
+    is listed when named, or once one of its ids has been made.
     """
     load_plugins()
+    if namespace in _NAMESPACE_LOADERS:
+        _load_namespace(namespace, quiet=True)
     ids = []
     for env_id, env_spec in gym.registry.items():
         if namespace is not None and env_spec.namespace != namespace:
@@ -195,9 +200,9 @@ _loaded_namespaces: set[str] = set()
 
 
 def register_namespace(namespace: str, loader: Callable[[], None]) -> None:
-    """Let ``loader`` register the multi-agent ids of ``namespace`` the first time one of them is
-    made, checked or listed: an adapter over a package that is slow to import or may not be
-    installed. ``loader`` raises ``ModuleNotFoundError`` (saying what to install) when it cannot;
+    """Let ``loader`` register the ids of ``namespace`` (single- or multi-agent) the first time one
+    of them is made, checked or listed: an adapter over a package that is slow to import or may not
+    be installed. ``loader`` raises ``ModuleNotFoundError`` (saying what to install) when it cannot;
     listing then skips the namespace, and making one of its ids raises that error.
 
     >>> register_namespace("textarena", register_games)  # doctest: +SKIP  (envs/textarena.py)

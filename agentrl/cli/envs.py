@@ -59,7 +59,9 @@ def envs_command(
 ) -> None:
     """List the registered message envs with a one-line description each, multi-agent ones with
     their agents."""
-    ids = agentrl.registered_ids(namespace)
+    # A hub's namespace (textarena/: hundreds of games) is listed when asked for by name.
+    hubs = [] if namespace else lazy_namespaces()
+    ids = [i for i in agentrl.registered_ids(namespace) if i.partition("/")[0] not in hubs]
     table = Table(title="agentrl environments", title_justify="left")
     table.add_column("id", style="bold cyan", no_wrap=True)
     table.add_column("description")
@@ -71,15 +73,15 @@ def envs_command(
         table.add_row(env_id, description)
     if ids or not namespace:
         console.print(table)
-    # A hub's namespace (textarena/: hundreds of games) is listed when asked for by name.
-    hubs = [] if namespace else lazy_namespaces()
     multiagent = [i for i in agentrl.multiagent_ids(namespace) if i.partition("/")[0] not in hubs]
     if multiagent:
         _print_multiagent_envs(multiagent)
     for hub in hubs:
-        count = len(agentrl.multiagent_ids(hub))
+        single, multi = len(agentrl.registered_ids(hub)), len(agentrl.multiagent_ids(hub))
+        count = single + multi
+        kind = "multi-agent " if not single else "" if not multi else "single- and multi-agent "
         console.print(
-            f"{hub}/: {count} more multi-agent env{'s' if count > 1 else ''}: agentrl envs -n {hub}"
+            f"{hub}/: {count} more {kind}env{'s' if count > 1 else ''}: agentrl envs -n {hub}"
             if count
             else f"{hub}/: none here (its package is not installed: docs/ecosystem.md)"
         )
