@@ -98,6 +98,9 @@ def test_errors_are_said():
     code = "import sys; sys.modules['verifiers'] = None; from agentrl.envs.verifiers import VerifiersEnv; VerifiersEnv(taskset='x')"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "pip install 'agentrl-platform[verifiers]'" in run.stderr
+    light = "import sys, agentrl; print('verifiers/Env-v0' in agentrl.multiagent_ids(), 'verifiers' in sys.modules)"
+    run = subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["True", "False"]  # listed without importing verifiers (about 9 s)
 
 
 def test_a_failed_episode_raises_with_the_envs_errors():
