@@ -236,7 +236,13 @@ def test_env_server_quick_run_compares_remote_and_local_steps(capsys):
     assert any(line.strip().startswith("python benchmarks/env_server.py --quick") for line in head)
     assert load("env_server").main(["--quick"]) == 0
     out = capsys.readouterr().out
-    for row in ("in process, env.step", "RemoteEnv.astep (aiohttp, async)", "added at p50:", "remote / in process:"):
+    for row in (
+        "in process, env.step",
+        "RemoteEnv.astep, WebSocket (async)",
+        "RemoteEnv.astep, HTTP (aiohttp, async)",
+        "added at p50:",
+        "remote / in process:",
+    ):
         assert row in out
 
 

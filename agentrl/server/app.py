@@ -44,11 +44,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapp
 from typing import Any, TypeVar
 
 import numpy as np
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, WebSocket, WebSocketDisconnect
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pettingzoo import AECEnv, ParallelEnv
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import ValidationError
 
 from agentrl.env import AgentEnv, as_agent_env
 from agentrl.registry import is_multiagent, make, make_multiagent, takes_kwarg
@@ -152,7 +153,10 @@ def make_app(
     async def session_of(session_id: str, request: Request) -> Session:
         # Called by the hot routes themselves rather than as a Depends chain: FastAPI's dependency
         # solving costs more per request than the lookup (benchmarks/README.md, env_server.py).
-        session = store.get(session_id, await owner(request))
+        return session_for(session_id, await owner(request))
+
+    def session_for(session_id: str, who: str) -> Session:
+        session = store.get(session_id, who)
         if session is None:
             raise _error(metrics, 404, "No such session for this token: it may have expired (idle past "
                          f"{limits.idle_timeout:g} s), been deleted, or never existed. Create one with POST /sessions.")  # fmt: skip
@@ -249,14 +253,55 @@ def make_app(
         return AsciiJSONResponse(await play_reset(session, seed, body.options, limits, metrics))
 
     @app.post("/sessions/{session_id}/step", response_model=StepResponse | ParallelResponse | AECResponse)
-    async def step(session_id: str, request: Request, body: StepRequest, _: str = Depends(owner)) -> JSONResponse:
-        session = await session_of(session_id, request)
+    async def step(session_id: str, body: StepRequest, who: str = Depends(owner)) -> JSONResponse:
+        return AsciiJSONResponse(await step_of(session_id, who, body))
+
+    async def step_of(session_id: str, who: str, body: StepRequest) -> dict[str, Any]:
+        session = session_for(session_id, who)
         if session.episode != "running":
             what = "reset it first" if session.episode == "not started" else "its episode is over; reset it"
             raise _error(metrics, 409, f"Cannot step session {session.id[:8]}...: {what}.")
         action = _action(session, env_spec=specs[session.env_id], body=body, metrics=metrics)
         result, _ = await play_step(session, action, limits, metrics)
-        return AsciiJSONResponse(result)
+        return result
+
+    @app.websocket("/sessions/{session_id}/ws")
+    async def step_socket(websocket: WebSocket, session_id: str) -> None:
+        """The session's steps over one connection: each text frame a step's body, each answer
+        ``{"status": 200, "body": ...}`` or ``{"status": CODE, "detail": ...}`` as the step route
+        would answer. No HTTP request to parse per step: RemoteEnv steps here."""
+        who = authorized(websocket.headers.get("authorization"), token_list)
+        if who is None:
+            metrics.errors.labels("401").inc()
+            await websocket.close(code=1008, reason="missing or wrong token (Authorization: Bearer TOKEN)")
+            return
+        await websocket.accept()
+        while True:
+            try:
+                text = await websocket.receive_text()
+            except (WebSocketDisconnect, RuntimeError):  # gone, or sent a binary frame
+                return
+            try:
+                if len(text) > limits.max_body_bytes:
+                    raise _error(metrics, 413, f"A step's body is at most {limits.max_body_bytes} bytes.")
+                # json.loads, as the HTTP route reads a body: pydantic's own JSON parser refuses the
+                # lone surrogates a garbled reply may hold (JSON escapes them as \ud800).
+                body = StepRequest.model_validate(json.loads(text))
+                answer = {"status": 200, "body": await step_of(session_id, who, body)}
+            except HTTPException as e:
+                answer = {"status": e.status_code, "detail": e.detail}
+            except ValidationError as e:
+                metrics.errors.labels("422").inc()
+                answer = {"status": 422, "detail": [{"loc": list(x.get("loc", ())), "msg": x.get("msg", "")}
+                                                    for x in e.errors()]}  # fmt: skip
+            except ValueError as e:  # not JSON
+                metrics.errors.labels("422").inc()
+                answer = {"status": 422, "detail": f"A step's frame is its body as JSON: {e}"}
+            except Exception as e:
+                logger.exception("env server: unexpected error on a step of session %s", session_id[:8])
+                metrics.errors.labels("500").inc()
+                answer = {"status": 500, "detail": f"internal error: {type(e).__name__}: {e}"}
+            await websocket.send_text(json.dumps(answer, ensure_ascii=True))
 
     return app
 

@@ -1,8 +1,10 @@
 """``RemoteEnv``: an env served by ``agentrl serve``, played as if it were here.
 
 :class:`RemoteEnv` is an :class:`~agentrl.env.AgentEnv`: ``reset`` / ``step`` (and the native
-async ``areset`` / ``astep``) are HTTP calls to one session on the server, which runs the env,
-its tools and its reward. The tools' schemas, the tool-call format and the reply prefix come from
+async ``areset`` / ``astep``) are calls to one session on the server, which runs the env, its
+tools and its reward. A session is made and reset over HTTP; its steps go over one WebSocket
+(``/sessions/ID/ws``, a frame per step: no HTTP request to parse each time), or over HTTP when the
+server has no such route (an older one) or ``websocket=False``. The tools' schemas, the tool-call format and the reply prefix come from
 ``GET /envs``, so an agent renders the same prompt as for the env in process, and for the same
 seeds and replies the same messages come back: the trajectories' token ids are equal.
 
@@ -23,6 +25,7 @@ Faults, and what a caller sees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -34,6 +37,9 @@ from typing import Any, NamedTuple
 import aiohttp
 import gymnasium as gym
 import httpx
+import websockets.asyncio.client as ws_async
+import websockets.sync.client as ws_sync
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from agentrl.env import Action, AgentEnv, ReplySpace, ResetResult, StepResult
 from agentrl.threads import ENV_THREADS
@@ -78,6 +84,7 @@ class EnvClient:
         timeout: float = 120.0,
         retry_for: float = 30.0,
         max_connections: int = 1024,
+        websocket: bool = True,
     ):
         if url.startswith("unix://"):
             self.uds: str | None = url.removeprefix("unix://")
@@ -92,6 +99,8 @@ class EnvClient:
         self.timeout = timeout
         self.retry_for = retry_for
         self.max_connections = max_connections
+        self.websocket = websocket
+        """Whether steps go over a session's WebSocket (cleared when the server has no such route)."""
         self._sync: httpx.Client | None = None
         self._async: dict[int, tuple[asyncio.AbstractEventLoop, aiohttp.ClientSession, Any]] = {}
 
@@ -251,6 +260,8 @@ class RemoteEnv(AgentEnv):
         self.action_space = ReplySpace(self.tools, reply_prefix=agent["reply_prefix"])
         self.session_id: str | None = None
         self._warned_split = False
+        self._socket: tuple[str, ws_sync.ClientConnection] | None = None  # (session id, connection)
+        self._asocket: tuple[str, asyncio.AbstractEventLoop, ws_async.ClientConnection] | None = None
 
     @property
     def _env_name(self) -> str:
@@ -276,7 +287,17 @@ class RemoteEnv(AgentEnv):
 
     def step(self, action: Action) -> StepResult:
         self._check_stepping()
-        return self._stepped(self.client.request("POST", f"/sessions/{self.session_id}/step", _step_body(action)))
+        body = _step_body(action)
+        socket = self._step_socket() if self.client.websocket else None
+        if socket is None:
+            return self._stepped(self.client.request("POST", f"/sessions/{self.session_id}/step", body))
+        try:
+            socket.send(json.dumps(body, ensure_ascii=True))
+            answer = socket.recv(timeout=self.client.timeout)
+        except (ConnectionClosed, TimeoutError, OSError) as e:  # sent, perhaps played: never sent again
+            self._close_sockets()
+            raise self.client._lost("step on", f"/sessions/{self.session_id}/ws", e) from e
+        return self._stepped(self._answered(answer))
 
     async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> ResetResult:
         self._seed_locally(seed)
@@ -296,11 +317,21 @@ class RemoteEnv(AgentEnv):
 
     async def astep(self, action: Action) -> StepResult:
         self._check_stepping()
-        data = await self.client.arequest("POST", f"/sessions/{self.session_id}/step", _step_body(action))
-        return self._stepped(data)
+        body = _step_body(action)
+        socket = await self._astep_socket() if self.client.websocket else None
+        if socket is None:
+            return self._stepped(await self.client.arequest("POST", f"/sessions/{self.session_id}/step", body))
+        try:
+            await socket.send(json.dumps(body, ensure_ascii=True))
+            answer = await asyncio.wait_for(socket.recv(), self.client.timeout)
+        except (ConnectionClosed, TimeoutError, OSError) as e:  # sent, perhaps played: never sent again
+            self._close_sockets()
+            raise self.client._lost("step on", f"/sessions/{self.session_id}/ws", e) from e
+        return self._stepped(self._answered(answer))
 
     def close(self) -> None:
         """Delete the session (from a daemon thread when an event loop runs here); never raises."""
+        self._close_sockets()
         session_id, self.session_id = self.session_id, None
         if session_id is not None:
             if _loop_running():  # not a task of this loop, which may be about to end and cancel it
@@ -309,6 +340,83 @@ class RemoteEnv(AgentEnv):
                 self._delete_quietly(session_id)
         if self._owns_client:
             self.client.close()
+
+    # --- the step socket -------------------------------------------------------------------------
+
+    def _step_socket(self) -> ws_sync.ClientConnection | None:
+        """This session's step connection (made on its first step), or ``None``: steps go over HTTP."""
+        assert self.session_id is not None
+        if self._socket is not None and self._socket[0] == self.session_id:
+            return self._socket[1]
+        self._close_sockets()
+        url, path = self._socket_url()
+        try:
+            opened = (
+                ws_sync.unix_connect(path, url, **self._socket_options())
+                if path
+                else ws_sync.connect(url, **self._socket_options())
+            )
+        except InvalidHandshake:
+            return self._no_socket()
+        except (OSError, TimeoutError):  # not connected, nothing sent: this step goes over HTTP, which retries
+            return None
+        socket = opened.__enter__()  # connect() is its own context manager; _close_sockets closes it
+        self._socket = (self.session_id, socket)
+        return socket
+
+    async def _astep_socket(self) -> ws_async.ClientConnection | None:
+        """:meth:`_step_socket` for this event loop."""
+        assert self.session_id is not None
+        loop = asyncio.get_running_loop()
+        if self._asocket is not None and self._asocket[:2] == (self.session_id, loop):
+            return self._asocket[2]
+        self._close_sockets()
+        url, path = self._socket_url()
+        try:
+            if path:
+                socket = await ws_async.unix_connect(path, url, **self._socket_options())
+            else:
+                socket = await ws_async.connect(url, **self._socket_options())
+        except InvalidHandshake:
+            return self._no_socket()
+        except (OSError, TimeoutError):
+            return None
+        self._asocket = (self.session_id, loop, socket)
+        return socket
+
+    def _socket_url(self) -> tuple[str, str | None]:
+        base = self.client.base_url.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+        return f"{base}/sessions/{self.session_id}/ws", self.client.uds
+
+    def _socket_options(self) -> dict[str, Any]:
+        return {"additional_headers": self.client.headers, "open_timeout": self.client.timeout, "max_size": None,
+                "compression": None, "proxy": None}  # fmt: skip
+
+    def _no_socket(self) -> None:
+        """The server refused the step socket (it predates it): this client's steps go over HTTP."""
+        self.client.websocket = False
+
+    def _answered(self, frame: str | bytes) -> Any:
+        answer = json.loads(frame)
+        if answer["status"] == 200:
+            return answer["body"]
+        text = json.dumps({"detail": answer.get("detail", "")})
+        return _decoded(Answer(answer["status"], text), "POST", f"/sessions/{self.session_id}/step")
+
+    def _close_sockets(self) -> None:
+        """Close the step connections; never raises (an async one whose loop is gone is aborted)."""
+        if self._socket is not None:
+            socket, self._socket = self._socket[1], None
+            with contextlib.suppress(Exception):
+                socket.close()
+        if self._asocket is not None:
+            _, loop, asocket = self._asocket
+            self._asocket = None
+            with contextlib.suppress(Exception):
+                if _loop_running() and asyncio.get_running_loop() is loop:
+                    loop.create_task(asocket.close())
+                else:
+                    asocket.transport.abort()
 
     # --- plumbing ------------------------------------------------------------------------------
 

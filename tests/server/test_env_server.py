@@ -4,6 +4,7 @@ security, multi-agent sessions, and a load of 256 concurrent sessions."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import gymnasium as gym
@@ -509,3 +510,80 @@ def test_an_env_built_after_its_build_timed_out_is_closed():
             assert len(SlowBuild.made) == 1 and SlowBuild.made[0].closed
     finally:
         del gym.registry["test/ServerSlowBuild-v0"]
+
+
+# --- the step socket (RemoteEnv's steps over one WebSocket per session) ----------------------------
+
+
+def test_remote_steps_go_over_the_session_socket_and_match_http_steps(server):
+    over_socket, over_http = (
+        RemoteEnv(server, COUNTER),
+        RemoteEnv(server, COUNTER, client=EnvClient(server, websocket=False)),
+    )
+    for env in (over_socket, over_http):
+        env.reset(seed=5)
+    assert over_socket.step("a") == over_http.step("a")
+    assert over_socket._socket is not None and over_http._socket is None
+
+    async def play():
+        await over_socket.areset(seed=6)
+        await over_http.areset(seed=6)
+        return await over_socket.astep("b"), await over_http.astep("b")
+
+    stepped, expected = asyncio.run(play())
+    assert stepped == expected
+    assert httpx.get(f"{server}/sessions/{over_socket.session_id}").json()["steps"] == 2
+    over_socket.close(), over_http.close()
+
+
+def test_socket_steps_answer_errors_as_http_steps_do(server):
+    env = RemoteEnv(server, COUNTER)
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("x")
+    env.reset(seed=0)
+    env.step("x")
+    httpx.delete(f"{server}/sessions/{env.session_id}")  # expired, say
+    with pytest.raises(agentrl.server.EnvServerError, match="with 404: No such session") as raised:
+        env.step("y")
+    assert raised.value.status == 404
+    env.reset(seed=0)  # a new session, and a new socket for it
+    assert env.step("z").observation[0].content.endswith(" z")
+    hang = RemoteEnv(server, HANG)
+    hang.reset(seed=0)
+    with pytest.raises(agentrl.server.EnvServerError, match="with 504"):
+        hang.step("2")  # past the server's step limit of 1 s
+    env.close(), hang.close()
+
+
+def test_the_step_socket_refuses_bad_frames_and_missing_tokens(server, guarded):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    sid = create(server).json()["session_id"]
+    ws_url = server.replace("http://", "ws://")
+    with connect(f"{ws_url}/sessions/{sid}/ws") as socket:
+        for frame, status in (("not json", 422), ('{"reply": 5}', 422), ('{"reply": "x"}', 409), ("[" * 100, 422)):
+            socket.send(frame)
+            answer = json.loads(socket.recv(timeout=10))
+            assert answer["status"] == status, (frame, answer)
+        socket.send("x" * ((1 << 20) + 1))
+        assert json.loads(socket.recv(timeout=10))["status"] == 413
+    guarded_sid = create(guarded, headers={"Authorization": f"Bearer {TOKEN}"}).json()["session_id"]
+    with pytest.raises(InvalidStatus, match="403"):
+        connect(f"{guarded.replace('http://', 'ws://')}/sessions/{guarded_sid}/ws").close()
+    with connect(f"{guarded.replace('http://', 'ws://')}/sessions/{guarded_sid}/ws",
+                 additional_headers={"Authorization": f"Bearer {OTHER}"}) as socket:  # fmt: skip
+        socket.send('{"reply": "x"}')
+        assert json.loads(socket.recv(timeout=10))["status"] == 404  # another token's session
+
+
+def test_a_server_without_the_step_socket_is_stepped_over_http(server, monkeypatch):
+    client = EnvClient(server)
+    env = RemoteEnv(server, COUNTER, client=client)
+    monkeypatch.setattr(
+        RemoteEnv, "_socket_url", lambda self: (f"{server.replace('http://', 'ws://')}/no/such/route", None)
+    )
+    env.reset(seed=1)
+    assert env.step("a").observation[0].content.endswith(" a")  # refused handshake: over HTTP instead
+    assert client.websocket is False and env._socket is None
+    env.close()
