@@ -181,9 +181,14 @@ def test_trainer_step_quick_run_compares_the_same_work(capsys):
         "first-step gradients differ by",
         "agentrl / TRL, single-turn:",
         "agentrl / TRL, multi-turn:",
+        "against the machine: fp32 matmul peak",
+        "GFLOP/step",
     ):
         assert row in out
     assert "PROBLEM" not in out
+    # agentrl's head scores only the generated positions, TRL's every position: fewer FLOPs on both shapes.
+    fewer = [float(x) for x in re.findall(r"(\d+\.\d+)x fewer FLOPs than TRL", out)]
+    assert len(fewer) == 2 and min(fewer) > 1.0
 
 
 def test_train_async_vs_sync_quick_run_prints_its_table(capsys):
