@@ -14,6 +14,7 @@ import importlib.util
 import json
 import pathlib
 import re
+import subprocess
 import sys
 import types
 
@@ -287,3 +288,18 @@ def test_scale_out_quick_run_prints_its_three_tables(ray_cluster, capsys):
         assert row in out
     syncs = re.findall(r"^  (tiny|layers-1) +[0-9.]+ +([12]) ", out, flags=re.M)
     assert sorted(syncs) == [("layers-1", "1"), ("layers-1", "2"), ("tiny", "1"), ("tiny", "2")]
+
+
+@pytest.mark.e2e
+def test_scale_sim_quick_run_prints_cpu_per_turn_at_two_scales():
+    """In a process of its own, with its own local Ray (the env workers import the benchmark's
+    module by its folder, which the session's cluster would not find), 2 workers."""
+    head = (BENCHMARKS / "scale_sim.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/scale_sim.py --quick") for line in head)
+    run = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "scale_sim.py"), "--quick"], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = re.findall(r"^ +(16|256) +(\d+) +(\d+) ", run.stdout, flags=re.M)
+    assert [(n, int(episodes), int(turns)) for n, episodes, turns in rows] == [("16", 64, 256), ("256", 256, 1024)]
+    assert "CPU per turn within" in run.stdout
