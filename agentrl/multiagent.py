@@ -25,6 +25,12 @@ The parts, importable from here as before:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from gymnasium.utils import seeding
+
+from agentrl.env import MessagesSpace, ReplySpace
 from agentrl.mapping import PRESETS, SHARED_POLICY_ID, MappingPreset, group_of, policy_mapping
 from agentrl.registry import (
     MultiAgentEnv,
@@ -42,6 +48,7 @@ __all__ = [
     "SHARED_POLICY_ID",
     "MappingPreset",
     "MessageList",
+    "MessageSpaces",
     "MultiAgentEnv",
     "MultiAgentRollout",
     "MultiAgentSpec",
@@ -64,3 +71,41 @@ class MessageList(list[Message]):
     """
 
     dtype: None = None
+
+
+class MessageSpaces:
+    """What every PettingZoo env in messages repeats, as a mixin (listed before ``AECEnv`` or
+    ``ParallelEnv``): one :class:`~agentrl.env.MessagesSpace` and one
+    :class:`~agentrl.env.ReplySpace` per agent, made once (PettingZoo wants the same object on
+    every call), and ``np_random``, seeded by :meth:`_seed` as gymnasium seeds a single env (each
+    agent's action space with ``seed + i``)."""
+
+    _observation_spaces: dict[str, MessagesSpace]
+    _action_spaces: dict[str, ReplySpace]
+    _np_random: np.random.Generator | None
+
+    def _make_spaces(self, agents: Sequence[str], action_spaces: Mapping[str, ReplySpace] | None = None) -> None:
+        """The spaces of ``agents`` (``action_spaces``: ones of your own, e.g. with a reply prefix)."""
+        self._observation_spaces = {a: MessagesSpace() for a in agents}
+        self._action_spaces = dict(action_spaces) if action_spaces is not None else {a: ReplySpace() for a in agents}
+        self._np_random = None
+
+    def observation_space(self, agent: str) -> MessagesSpace:
+        return self._observation_spaces[agent]
+
+    def action_space(self, agent: str) -> ReplySpace:
+        return self._action_spaces[agent]
+
+    @property
+    def np_random(self) -> np.random.Generator:
+        if self._np_random is None:
+            self._np_random, _ = seeding.np_random()
+        return self._np_random
+
+    def _seed(self, seed: int | None) -> None:
+        """Seed ``np_random`` and the agents' action spaces (nothing when ``seed`` is ``None``)."""
+        if seed is None:
+            return
+        self._np_random, _ = seeding.np_random(seed)
+        for i, space in enumerate(self._action_spaces.values()):
+            space.seed(seed + i)

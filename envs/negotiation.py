@@ -41,13 +41,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gymnasium.utils import seeding
 from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils.conversions import parallel_to_aec
 
-from agentrl.env import MessagesSpace, ReplySpace
 from agentrl.envs._split import Split, check_split, draw
-from agentrl.multiagent import MessageList, register_multiagent
+from agentrl.multiagent import MessageList, MessageSpaces, register_multiagent
 from agentrl.types import Message, Trajectory
 
 ITEMS: tuple[str, ...] = ("book", "hat", "ball")
@@ -99,7 +97,7 @@ def parse_claim(text: str, pool: Bundle) -> Bundle:
     return (claim[0], claim[1], claim[2])
 
 
-class NegotiationEnv(ParallelEnv[str, MessageList, "str | Message"]):
+class NegotiationEnv(MessageSpaces, ParallelEnv[str, MessageList, "str | Message"]):
     """Two traders split a pool of books, hats and balls they value privately; one claim each per round."""
 
     metadata: dict[str, Any] = {"name": "negotiation_v0", "render_modes": ["ansi"], "is_parallelizable": True}
@@ -114,33 +112,15 @@ class NegotiationEnv(ParallelEnv[str, MessageList, "str | Message"]):
         self.render_mode = render_mode
         self.possible_agents = list(TRADERS)
         self.agents: list[str] = []
-        # PettingZoo requires the same space object on every call, so they are made once.
-        self._observation_spaces = {a: MessagesSpace() for a in TRADERS}
-        self._action_spaces = {a: ReplySpace() for a in TRADERS}
-        self._np_random: np.random.Generator | None = None
+        self._make_spaces(TRADERS)
         self.task: Task | None = None
         self.round = 0
         self.transcript: list[str] = []
 
-    def observation_space(self, agent: str) -> MessagesSpace:
-        return self._observation_spaces[agent]
-
-    def action_space(self, agent: str) -> ReplySpace:
-        return self._action_spaces[agent]
-
-    @property
-    def np_random(self) -> np.random.Generator:
-        if self._np_random is None:
-            self._np_random, _ = seeding.np_random()
-        return self._np_random
-
     def reset(
         self, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, MessageList], dict[str, dict[str, Any]]]:
-        if seed is not None:
-            self._np_random, _ = seeding.np_random(seed)
-            for i, agent in enumerate(TRADERS):
-                self._action_spaces[agent].seed(seed + i)
+        self._seed(seed)
         self.task = draw(self.np_random, _generate, self.split)
         self.agents = list(TRADERS)
         self.round = 0

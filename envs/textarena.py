@@ -46,14 +46,11 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-from gymnasium.utils import seeding
 from pettingzoo import AECEnv
 
-from agentrl.env import MessagesSpace, ReplySpace
 from agentrl.envs._random import OwnRandom
 from agentrl.envs._split import check_split
-from agentrl.multiagent import MessageList, register_multiagent
+from agentrl.multiagent import MessageList, MessageSpaces, register_multiagent
 from agentrl.registry import register_namespace
 from agentrl.types import Message, Trajectory
 
@@ -114,7 +111,7 @@ def register_games() -> None:
         register_multiagent(f"{NAMESPACE}/{game_id.replace('/', '-')}", TextArenaEnv, {"game": game_id})
 
 
-class TextArenaEnv(AECEnv[str, MessageList, "str | Message | None"]):
+class TextArenaEnv(MessageSpaces, AECEnv[str, MessageList, "str | Message | None"]):
     """A TextArena game: its players take turns, each reading the game's messages and replying with a move."""
 
     metadata: dict[str, Any] = {"name": "textarena", "render_modes": ["ansi"], "is_parallelizable": False}
@@ -161,9 +158,7 @@ class TextArenaEnv(AECEnv[str, MessageList, "str | Message | None"]):
         self.metadata = {**self.metadata, "name": f"textarena_{game}"}
         self.possible_agents = [f"player_{i}" for i in range(self.num_players)]
         self.agents: list[str] = []
-        self._observation_spaces = {a: MessagesSpace() for a in self.possible_agents}
-        self._action_spaces = {a: ReplySpace() for a in self.possible_agents}
-        self._np_random: np.random.Generator | None = None
+        self._make_spaces(self.possible_agents)
         self._pending: dict[str, list[Message]] = {}
         self._moves: dict[str, int] = {}
         self._invalid: dict[str, int] = {}
@@ -176,23 +171,8 @@ class TextArenaEnv(AECEnv[str, MessageList, "str | Message | None"]):
 
     # --- PettingZoo ---------------------------------------------------------------------------------
 
-    def observation_space(self, agent: str) -> MessagesSpace:
-        return self._observation_spaces[agent]
-
-    def action_space(self, agent: str) -> ReplySpace:
-        return self._action_spaces[agent]
-
-    @property
-    def np_random(self) -> np.random.Generator:
-        if self._np_random is None:
-            self._np_random, _ = seeding.np_random()
-        return self._np_random
-
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
-        if seed is not None:
-            self._np_random, _ = seeding.np_random(seed)
-            for i, agent in enumerate(self.possible_agents):
-                self._action_spaces[agent].seed(seed + i)
+        self._seed(seed)
         game_seed = seed if seed is not None else int(self.np_random.integers(2**31))
         self._random.seed(game_seed)
         # A fresh copy of the game as made: some games keep what they drew in the game object, not

@@ -57,12 +57,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from gymnasium.utils import seeding
 from pettingzoo import AECEnv
 
-from agentrl.env import MessagesSpace, ReplySpace
 from agentrl.envs._split import check_split
-from agentrl.multiagent import MessageList, register_multiagent
+from agentrl.multiagent import MessageList, MessageSpaces, register_multiagent
 from agentrl.registry import register_namespace
 from agentrl.types import Message
 
@@ -76,7 +74,7 @@ class VerifiersEpisodeError(RuntimeError):
     """A verifiers episode failed (its ``Episode.errors``), or its conversation could not be followed."""
 
 
-class VerifiersEnv(AECEnv[str, MessageList, "str | Message | None"]):
+class VerifiersEnv(MessageSpaces, AECEnv[str, MessageList, "str | Message | None"]):
     """A verifiers v1 environment: its seats take the turns its ``Env.run`` gives them (see the module docstring)."""
 
     metadata: dict[str, Any] = {"name": "verifiers", "render_modes": [], "is_parallelizable": False}
@@ -122,9 +120,7 @@ class VerifiersEnv(AECEnv[str, MessageList, "str | Message | None"]):
         self.metadata = {**self.metadata, "name": f"verifiers_{env or taskset}"}
         self.possible_agents = seats
         self.agents: list[str] = []
-        self._observation_spaces = {a: MessagesSpace() for a in seats}
-        self._action_spaces = {a: ReplySpace() for a in seats}
-        self._np_random: np.random.Generator | None = None
+        self._make_spaces(seats)
         self.rewards: dict[str, float] = {}
         self._cumulative_rewards: dict[str, float] = {}
         self.terminations: dict[str, bool] = {}
@@ -139,22 +135,9 @@ class VerifiersEnv(AECEnv[str, MessageList, "str | Message | None"]):
 
     # --- PettingZoo -----------------------------------------------------------------------------
 
-    def observation_space(self, agent: str) -> MessagesSpace:
-        return self._observation_spaces[agent]
-
-    def action_space(self, agent: str) -> ReplySpace:
-        return self._action_spaces[agent]
-
-    @property
-    def np_random(self) -> np.random.Generator:
-        if self._np_random is None:
-            self._np_random, _ = seeding.np_random()
-        return self._np_random
-
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
         self._stop_episode()
-        if seed is not None:
-            self._np_random, _ = seeding.np_random(seed)
+        self._seed(seed)
         index = seed if seed is not None else int(self.np_random.integers(2**31))
         task = self.tasks[index % len(self.tasks)]
         self.agents = list(self.possible_agents)

@@ -36,7 +36,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
-from gymnasium.utils import seeding
 from pettingzoo import AECEnv
 
 from agentrl.agents.waltz import (
@@ -50,13 +49,13 @@ from agentrl.agents.waltz import (
     review_request,
     revision_notice,
 )
-from agentrl.env import MessagesSpace, ReplySpace
+from agentrl.env import ReplySpace
 from agentrl.envs._split import Split, check_split
 from agentrl.envs.waltz.judges import Judge, make_judge
 from agentrl.envs.waltz.public_sets import prompt_pool
 from agentrl.envs.waltz.rewards import ALPHA, GAMMA, LAMBDA, episode_rewards
 from agentrl.envs.waltz.tasks import Prompt
-from agentrl.multiagent import MessageList
+from agentrl.multiagent import MessageList, MessageSpaces
 from agentrl.types import Message
 
 AGENTS: tuple[str, str] = ("conversation", "feedback")
@@ -64,7 +63,7 @@ FeedbackMode = Literal["agent", "oracle", "none"]
 FEEDBACK_MODES: tuple[str, ...] = ("agent", "oracle", "none")
 
 
-class WaltzEnv(AECEnv[str, MessageList, "str | Message | None"]):
+class WaltzEnv(MessageSpaces, AECEnv[str, MessageList, "str | Message | None"]):
     """WaltzRL's two-agent protocol on one prompt per episode (see the module docstring)."""
 
     metadata: dict[str, Any] = {"name": "waltz_v0", "render_modes": ["ansi"], "is_parallelizable": False}
@@ -132,12 +131,7 @@ class WaltzEnv(AECEnv[str, MessageList, "str | Message | None"]):
         self.render_mode = render_mode
         self.possible_agents = list(AGENTS)
         self.agents: list[str] = []
-        self._observation_spaces = {a: MessagesSpace() for a in AGENTS}
-        self._action_spaces = {
-            "conversation": ReplySpace(),
-            "feedback": ReplySpace(reply_prefix=FEEDBACK_PREFIX),
-        }
-        self._np_random: np.random.Generator | None = None
+        self._make_spaces(AGENTS, {"conversation": ReplySpace(), "feedback": ReplySpace(reply_prefix=FEEDBACK_PREFIX)})
         self.prompt: Prompt | None = None
         self.record: dict[str, Any] = {}
         self._pending: dict[str, list[Message]] = {}
@@ -150,23 +144,8 @@ class WaltzEnv(AECEnv[str, MessageList, "str | Message | None"]):
 
     # --- PettingZoo ---------------------------------------------------------------------------------
 
-    def observation_space(self, agent: str) -> MessagesSpace:
-        return self._observation_spaces[agent]
-
-    def action_space(self, agent: str) -> ReplySpace:
-        return self._action_spaces[agent]
-
-    @property
-    def np_random(self) -> np.random.Generator:
-        if self._np_random is None:
-            self._np_random, _ = seeding.np_random()
-        return self._np_random
-
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> None:
-        if seed is not None:
-            self._np_random, _ = seeding.np_random(seed)
-            for i, agent in enumerate(AGENTS):
-                self._action_spaces[agent].seed(seed + i)
+        self._seed(seed)
         if self.draw == "cycle" and seed is not None:
             index = int(self._order[seed % len(self.prompts)])
         else:
