@@ -18,6 +18,7 @@ adapter's tensors), and its adapter policy is made with :func:`adapter_config`.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from enum import Enum
 from pathlib import Path
@@ -409,6 +410,37 @@ def adapter_weights(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     adapter = model.active_adapter  # type: ignore[attr-defined]
     for name, tensor in get_peft_model_state_dict(model, adapter_name=adapter).items():
         yield name, tensor.detach().to("cpu")
+
+
+def load_adapter_weights(model: nn.Module, directory: str | Path) -> None:
+    """Load the LoRA adapter saved in ``directory`` (peft's format: ``adapter_config.json`` and
+    ``adapter_model.safetensors``) into the active adapter of the peft ``model``.
+
+    Raises ``ValueError`` when the saved adapter does not fit: another rank or other target modules
+    than the model's, or tensors the model lacks (an adapter of another base model)."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    directory = Path(directory)
+    mine = adapter_config(model)
+    saved = json.loads((directory / "adapter_config.json").read_text())
+    shape, wanted = (
+        (saved.get("r"), sorted(saved.get("target_modules") or [])),
+        (mine["r"], sorted(mine["target_modules"])),
+    )
+    if shape != wanted:
+        raise ValueError(
+            f"the adapter in {directory} has rank {shape[0]} on {shape[1]}, the policy's LoRA has rank {wanted[0]} "
+            f"on {wanted[1]}: set trainer.lora_rank (and the targets) as the adapter was trained, or train it again."
+        )
+    result = set_peft_model_state_dict(model, load_file(str(directory / "adapter_model.safetensors")))
+    lora_missing = [name for name in result.missing_keys if "lora_" in name]
+    if result.unexpected_keys or lora_missing:
+        raise ValueError(
+            f"the adapter in {directory} does not fit the policy's model: {len(result.unexpected_keys)} tensors it "
+            f"does not have (e.g. {result.unexpected_keys[:1]}), {len(lora_missing)} of its LoRA tensors missing "
+            f"(e.g. {lora_missing[:1]}). Was it trained on another base model?"
+        )
 
 
 def _lora_config(model: nn.Module) -> Any:

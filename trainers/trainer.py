@@ -538,6 +538,28 @@ class Trainer:
         )
         return None if scores is None else scores.nll
 
+    def supervised_step(self, trajectories: Sequence[Trajectory]) -> dict[str, float]:
+        """One supervised update: raise the likelihood of the tokens marked generated (``loss_mask``
+        1) in ``trajectories``, which here are demonstrations written into them, not samples of the
+        policy. The loss is their mean negative log-likelihood per token (at temperature 1); the
+        run's gradient clipping, optimizer and schedule apply. Returns ``train/nll`` (before the
+        update), ``train/grad_norm`` and ``train/lr``. A warm start before RL uses it (the WaltzRL
+        recipe's feedback format: ``recipes/waltzrl/warm_start.py``)."""
+        batch = collate(trajectories, self.pad_token_id).to(self.device)
+        num_tokens = max(float(_all_sum(torch.tensor([batch.num_tokens], dtype=torch.float64))[0]), 1.0)
+        self.optimizer.zero_grad(set_to_none=True)
+        nll = 0.0
+        for micro in batch.split(self.config.micro_batch_size):
+            current = generated_logprobs(self.model, micro.input_ids, micro.attention_mask, micro.loss_mask)
+            loss = -(current.logprobs * micro.loss_mask).sum() / num_tokens
+            loss.backward()
+            nll += float(loss.detach())
+        grad_norm = self._finish_gradients(self.model, self.optimizer)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.step_count += 1
+        return {"train/nll": nll, "train/grad_norm": grad_norm, "train/lr": self.scheduler.get_last_lr()[0]}
+
     def logprob_gap(self, trajectories: Sequence[Trajectory]) -> float:
         """The mean |log-prob under the weights held now - the recorded log-prob| over the generated
         tokens of ``trajectories``, at the sampling temperature: about 0 when the engine that sampled

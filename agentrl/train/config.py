@@ -21,6 +21,7 @@ overrides on top. See ``docs/multi-agent.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from agentrl.config import EngineConfig, from_dict
@@ -50,7 +51,15 @@ class PolicyConfig:
     max_staleness: int | None = None
     """This policy's staleness bound (unset: the run's ``max_staleness``)."""
     init_from: str | None = None
-    """Start from another policy's weights, copied when this policy's first training stage begins."""
+    """Start from other weights when this policy's first training stage begins: another policy's id
+    (its weights are copied), or the directory of a LoRA adapter in peft's format (what ``agentrl
+    train`` exports for a LoRA policy, or a warm start wrote: its weights are loaded)."""
+
+
+def is_adapter_path(init_from: str) -> bool:
+    """Does ``policies.<id>.init_from`` name a directory rather than a policy? Policy ids hold no
+    '/', so a value with one is a path, as is the name of an existing directory."""
+    return "/" in init_from or Path(init_from).is_dir()
 
 
 @dataclass
@@ -388,7 +397,20 @@ class TrainConfig:
             _with_overrides(self.trainer, policy.trainer, f"policies.{policy_id}.trainer")  # fields and types
             if policy.max_staleness is not None and policy.max_staleness < 0:
                 raise ValueError(f"policies.{policy_id}.max_staleness must be >= 0, got {policy.max_staleness}.")
-            if policy.init_from is not None:
+            if policy.init_from is not None and is_adapter_path(policy.init_from):
+                if policy.weights != "lora":
+                    raise ValueError(
+                        f"policies.{policy_id}.init_from is a directory ({policy.init_from}); starting from a "
+                        f"directory loads a LoRA adapter, but the policy has weights: {policy.weights}. Give "
+                        "a full policy its model with policies.<id>.model instead."
+                    )
+                if not (Path(policy.init_from) / "adapter_config.json").is_file():
+                    raise ValueError(
+                        f"policies.{policy_id}.init_from: {policy.init_from} holds no adapter_config.json; "
+                        "expected a LoRA adapter in peft's format (agentrl train exports one per LoRA policy "
+                        "under <run_dir>/model/<policy>)."
+                    )
+            elif policy.init_from is not None:
                 source = self.policies.get(policy.init_from)
                 if source is None:
                     raise ValueError(

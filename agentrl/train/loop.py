@@ -43,6 +43,7 @@ from agentrl.train.samples import SampleMaker
 from agentrl.train.state import RunState, append_json
 from agentrl.trainers.checkpoint import save_checkpoint
 from agentrl.trainers.curriculum import PromptCurriculum, closest_to_target
+from agentrl.trainers.models import load_adapter_weights
 from agentrl.trainers.trainer import Trainer
 from agentrl.types import Trajectory
 
@@ -170,7 +171,7 @@ class Controller:
             lane.open_stage(stage.lr.get(lane.policy_id))
         for lane in training:
             if lane.settings.init_from and lane.state.step == 0 and lane.state.stage_step == 0:
-                await self._init_from(lane, self.lanes[lane.settings.init_from])
+                await self._init_from(lane, lane.settings.init_from)
         self.stage = stage
         self.samples.reward_args = dict(stage.reward)
         self.active = [lane for lane in training if lane.state.stage_step < stage.steps]
@@ -206,12 +207,18 @@ class Controller:
                     lane.start_versions.pop(number, None)
             self.arrived.clear()
 
-    async def _init_from(self, lane: Lane, source: Lane) -> None:
-        assert lane.trainer is not None and source.trainer is not None
-        lane.trainer.model.load_state_dict(source.trainer.model.state_dict())  # type: ignore[attr-defined]
+    async def _init_from(self, lane: Lane, source: str) -> None:
+        """Start ``lane`` from ``source``: another lane's weights, or a LoRA adapter's directory."""
+        assert lane.trainer is not None
+        if source in self.lanes:
+            other = self.lanes[source].trainer
+            assert other is not None
+            lane.trainer.model.load_state_dict(other.model.state_dict())  # type: ignore[attr-defined]
+        else:
+            load_adapter_weights(lane.trainer.model, source)  # type: ignore[attr-defined]
         version = await lane.policy.aupdate_weights(lane.weights())
         lane.buffer.set_version(version)
-        log.info("policy %s starts from %s's weights", lane.policy_id, source.policy_id)
+        log.info("policy %s starts from the weights of %s", lane.policy_id, source)
 
     async def _train_lane(self, lane: Lane) -> None:
         while lane in self.active:

@@ -129,7 +129,7 @@ def resolve_policies(config: TrainConfig, agents: list[str]) -> tuple[Callable[[
             raise ConfigError(
                 f"policies.{policy_id}.init_from applies when it starts training, but it is not trainable."
             )
-        if policy.init_from is not None and not policies[policy.init_from].trainable:
+        if policy.init_from in policies and not policies[policy.init_from].trainable:
             raise ConfigError(
                 f"policies.{policy_id}.init_from names {policy.init_from!r}, which never trains: give "
                 f"policies.{policy_id} the same model instead."

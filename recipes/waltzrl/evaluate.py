@@ -77,11 +77,10 @@ def waltz_table(
     exported adapters (``agentrl train`` writes them). With ``train_baseline``, the single-model RL
     baseline is trained first unless ``<run_dir>-single/model`` exists.
     """
-    from agentrl.build import build_rollout, policy_options, rollout_settings, sampling_of  # torch, vllm: lazily
+    from agentrl.build import policy_options  # torch, vllm: lazily
     from agentrl.model_paths import resolve_model
     from agentrl.policies import make_policy
     from agentrl.train import train
-    from agentrl.train.config import EVAL_SEED_OFFSET
     from agentrl.train.serving import vllm_lora_rank
 
     waltz_dir = Path(config.run_dir) / "model"
@@ -128,24 +127,12 @@ def waltz_table(
             table = tables[prompt_set] = {}
             for name, (conversation, feedback, mode) in plan.items():
                 on_phase(f"evaluating on {prompt_set}: {CONFIGURATIONS[name]} ({episodes} held-out prompts)")
-                settings = rollout_settings(
-                    rollout,
-                    env_kwargs={**evaluation_kwargs(rollout.env_kwargs, prompt_set), "feedback": mode},
-                    sampling=replace(sampling_of(rollout, temperature=config.eval_temperature), seed=None),
-                    group_size=1,
-                    redundancy=0,
-                    seed=EVAL_SEED_OFFSET + rollout.seed,
-                    mapping="individual",
-                )
-                engine = build_rollout(settings, {"conversation": conversation, "feedback": feedback})
-                try:
-                    trajectories = asyncio.run(_play(engine, episodes))
-                finally:
-                    engine.close()
+                env_kwargs = {**evaluation_kwargs(rollout.env_kwargs, prompt_set), "feedback": mode}
+                trajectories, failed = play(config, conversation, feedback, env_kwargs, episodes)
                 records = records_of(trajectories)
                 episodes_out.extend({"prompts": prompt_set, "configuration": name, **record} for record in records)
                 metrics = waltz_metrics(records)
-                metrics["failed_episodes"] = engine.failed_episodes
+                metrics["failed_episodes"] = failed
                 table[name] = metrics
     finally:
         for policy in trained.values():
@@ -158,6 +145,40 @@ def waltz_table(
     with open(out.with_name("waltz_table_episodes.jsonl"), "w") as f:
         f.writelines(json.dumps(record) + "\n" for record in episodes_out)
     return tables
+
+
+def play(
+    config: Any,
+    conversation: Any,
+    feedback: Any,
+    env_kwargs: Mapping[str, Any],
+    episodes: int,
+    *,
+    seed: int | None = None,
+) -> tuple[list[Trajectory], int]:
+    """Play ``episodes`` episodes of the run's env with ``env_kwargs``, ``conversation`` and
+    ``feedback`` (policies) in the two roles, one episode per seed from ``seed`` (the run's held-out
+    seeds by default) at the run's evaluation temperature; return the trajectories and how many
+    episodes failed."""
+    from agentrl.build import build_rollout, rollout_settings, sampling_of  # torch, vllm: lazily
+    from agentrl.train.config import EVAL_SEED_OFFSET
+
+    rollout = config.rollout
+    settings = rollout_settings(
+        rollout,
+        env_kwargs=dict(env_kwargs),
+        sampling=replace(sampling_of(rollout, temperature=config.eval_temperature), seed=None),
+        group_size=1,
+        redundancy=0,
+        seed=EVAL_SEED_OFFSET + rollout.seed if seed is None else seed,
+        mapping="individual",
+    )
+    engine = build_rollout(settings, {"conversation": conversation, "feedback": feedback})
+    try:
+        trajectories = asyncio.run(_play(engine, episodes))
+    finally:
+        engine.close()
+    return trajectories, engine.failed_episodes
 
 
 def evaluation_kwargs(env_kwargs: Mapping[str, Any], prompts: str) -> dict[str, Any]:
