@@ -106,10 +106,20 @@ def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_
     for agent in ("conversation", "feedback"):
         assert (run_dir / "model" / agent / "adapter_config.json").exists()
 
+    # the feedback agent's warm start: the exact judge's verdicts as targets, an adapter a run starts from
+    out = agentrl("waltz-warm-start", str(config), *small, "--episodes", "4", "--epochs", "1", "--eval-episodes", "2")
+    report = json.loads((tmp_path / "run-warm-start" / "feedback" / "warm_start.json").read_text())
+    assert report["demonstrations"] == sum(report["verdicts"].values()) > 0, report
+    assert {"before", "after"} <= set(report) and len(report["nll"]) == 1, report
+    assert "policies.feedback.init_from=" in " ".join(out.stdout.split()), out.stdout
+
     public = "strongreject+overrefusal"
-    out = agentrl("waltz-table", str(config), *small, "--episodes", "4", "--prompts", "builtin", "--prompts", public)
+    out = agentrl(
+        "waltz-table", str(config), *small, "--episodes", "4", "--prompts", "builtin", "--prompts", public,
+        "--compare", f"again={run_dir}",
+    )  # fmt: skip
     out = out.stdout
-    assert "WaltzRL (after stage 2)" in out and "single-model RL" in out, out
+    assert "WaltzRL (after stage 2)" in out and "single-model RL" in out and "WaltzRL (again)" in out, out
     assert "(builtin prompts)" in out and f"({public} prompts)" in out, out
     tables = json.loads((run_dir / "waltz_table.json").read_text())
     assert list(tables) == ["builtin", public]
@@ -118,7 +128,9 @@ def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_
     assert {r["family"].split("/")[0] for r in records if r["prompts"] == public} <= {"strongreject", "overrefusal"}
     for prompt_set, table in tables.items():
         assert sorted({r["configuration"] for r in records if r["prompts"] == prompt_set}) == sorted(table)
-        assert list(table) == ["conversation_alone", "collaboration", "oracle_feedback", "single_model_rl", "waltzrl"]
+        assert list(table) == [
+            "conversation_alone", "collaboration", "oracle_feedback", "single_model_rl", "waltzrl", "waltzrl:again",
+        ]  # fmt: skip
         for name, metrics in table.items():
             assert metrics["episodes"] + metrics["failed_episodes"] == 4, (name, metrics)
             played = metrics["asr"]["total"] + metrics["orr"]["total"] + metrics["judge_unparseable"]

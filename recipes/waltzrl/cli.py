@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from agentrl.envs.waltz.metrics import metrics_table
-from agentrl.recipes.waltzrl.evaluate import CONFIGURATIONS
+from agentrl.recipes.waltzrl.evaluate import configuration_label
 
 
 def waltz_table_command(
@@ -32,6 +32,13 @@ def waltz_table_command(
     train_baseline: Annotated[
         bool, typer.Option(help="Train the single-model RL baseline first when <run_dir>-single has no model.")
     ] = True,
+    compare: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Another WaltzRL run as NAME=RUN_DIR (its adapters get a row 'WaltzRL (NAME)'): the recipe with "
+            "and without its warm start, say. Repeat for more."
+        ),
+    ] = None,
 ) -> None:
     """The WaltzRL table: ASR, ORR, FTR, label accuracy and F1 of five configurations side by side.
 
@@ -46,6 +53,12 @@ def waltz_table_command(
     from agentrl.train import TrainConfig  # torch: not for `agentrl --help`
 
     settings = load_config(TrainConfig, config, overrides or [])
+    others = {}
+    for item in compare or []:
+        name, sep, run_dir = item.partition("=")
+        if not sep or not name.strip() or not run_dir.strip():
+            raise typer.BadParameter(f"--compare takes NAME=RUN_DIR (e.g. no-warm-start=runs/waltzrl), got {item!r}.")
+        others[name.strip()] = run_dir.strip()
     # wide enough for the seven columns, also when written to a file or a pipe (rich's default is 80)
     console, err = Console(highlight=False, width=max(Console().width, 200)), Console(stderr=True, highlight=False)
     tables = waltz_table(
@@ -53,6 +66,7 @@ def waltz_table_command(
         episodes,
         prompts=prompts or ["builtin"],
         train_baseline=train_baseline,
+        compare=others,
         on_phase=lambda name: err.print(f"[bold]{name}[/]"),
     )
     for prompt_set, table in tables.items():
@@ -60,7 +74,7 @@ def waltz_table_command(
             f"WaltzRL on {settings.rollout.env_id} ({prompt_set} prompts) · {settings.rollout.model} · "
             f"{episodes} held-out prompts each"
         )
-        console.print(metrics_table(table, title, CONFIGURATIONS))
+        console.print(metrics_table(table, title, {key: configuration_label(key) for key in table}))
     console.print(f"written to {settings.run_dir}/waltz_table.json (episodes: waltz_table_episodes.jsonl)")
 
 
@@ -116,3 +130,57 @@ def waltz_warm_start_command(
                 f"FTR harmful {m['ftr_harmful']['value']:.1%}, FTR benign {m['ftr_benign']['value']:.1%}"
             )
     console.print(f"adapter: {report['adapter']}; train from it with policies.feedback.init_from={report['adapter']}")
+
+
+def waltz_seeds_command(
+    run_dirs: Annotated[
+        list[str],
+        typer.Argument(help="WaltzRL run directories, one per training seed, each with its waltz_table.json."),
+    ],
+) -> None:
+    """The WaltzRL tables of several training seeds side by side: each metric's mean and spread.
+
+    Reads <run_dir>/waltz_table.json of each run (`agentrl waltz-table CONFIG run_dir=... trainer.seed=K
+    rollout.seed=K` writes it) and prints, per prompt set and configuration, the mean over the seeds and
+    the smallest and largest seed's value; writes the summary to the first run's waltz_seeds.json.
+    """
+    import json
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from agentrl.envs.waltz.metrics import COLUMNS
+    from agentrl.recipes.waltzrl.evaluate import seed_summary
+
+    paths = [Path(d) / "waltz_table.json" for d in run_dirs]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise typer.BadParameter(
+            f"no waltz_table.json in {', '.join(missing)}: run agentrl waltz-table for each seed first."
+        )
+    summary = seed_summary([json.loads(p.read_text()) for p in paths])
+    console = Console(highlight=False, width=max(Console().width, 200))
+    for prompt_set, rows in summary.items():
+        table = Table(
+            title=f"WaltzRL over {len(paths)} training seeds ({prompt_set} prompts): mean [lowest, highest seed]",
+            title_justify="left",
+        )
+        table.add_column("configuration")
+        for _, name in COLUMNS:
+            table.add_column(name, justify="right")
+        for key, row in rows.items():
+            cells = []
+            for metric, _ in COLUMNS:
+                entry = row.get(metric)
+                percent = metric != "label_f1"
+                show = (lambda v: f"{v:.1%}") if percent else (lambda v: f"{v:.2f}")
+                cells.append(
+                    "-"
+                    if entry is None
+                    else f"{show(entry['mean'])} [{show(entry['low'])}, {show(entry['high'])}] k={len(entry['values'])}"
+                )
+            table.add_row(configuration_label(key), *cells)
+        console.print(table)
+    out = Path(run_dirs[0]) / "waltz_seeds.json"
+    out.write_text(json.dumps({"runs": run_dirs, "summary": summary}, indent=1))
+    console.print(f"written to {out}")

@@ -33,6 +33,11 @@ CONFIGURATIONS: dict[str, str] = {
 """The configurations of the table, in the paper's order: key -> label."""
 
 
+def configuration_label(key: str) -> str:
+    """A configuration's row label: :data:`CONFIGURATIONS`'s, or ``WaltzRL (<name>)`` for a compared run."""
+    return CONFIGURATIONS.get(key) or f"WaltzRL ({key.partition(':')[2]})"
+
+
 def single_model_config(config: Any) -> Any:
     """The single-model RL baseline of a WaltzRL ``config`` (a :class:`~agentrl.train.TrainConfig`):
     the conversation agent alone (``feedback: none``) trained on R_c for as many steps as the whole
@@ -64,6 +69,7 @@ def waltz_table(
     *,
     prompts: Sequence[str] = ("builtin",),
     train_baseline: bool = True,
+    compare: Mapping[str, str | Path] | None = None,
     on_phase: Callable[[str], None] = lambda name: None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Play the five configurations on the same ``episodes`` held-out prompts (``draw: cycle``) of
@@ -75,7 +81,9 @@ def waltz_table(
 
     ``config`` is the WaltzRL :class:`~agentrl.train.TrainConfig`; ``<run_dir>/model`` must hold its
     exported adapters (``agentrl train`` writes them). With ``train_baseline``, the single-model RL
-    baseline is trained first unless ``<run_dir>-single/model`` exists.
+    baseline is trained first unless ``<run_dir>-single/model`` exists. ``compare`` adds a row per
+    other WaltzRL run, ``{name: run_dir}`` (the recipe with and without its warm start, say): its
+    adapters played on the same prompts, as configuration ``waltzrl:<name>``.
     """
     from agentrl.build import policy_options  # torch, vllm: lazily
     from agentrl.model_paths import resolve_model
@@ -86,7 +94,8 @@ def waltz_table(
     waltz_dir = Path(config.run_dir) / "model"
     single = single_model_config(config)
     single_dir = Path(single.run_dir) / "model"
-    missing = [d for d in (waltz_dir / "conversation", waltz_dir / "feedback") if not d.is_dir()]
+    others = {name: Path(run) / "model" for name, run in (compare or {}).items()}
+    missing = [d for m in (waltz_dir, *others.values()) for d in (m / "conversation", m / "feedback") if not d.is_dir()]
     if missing:
         raise FileNotFoundError(
             f"no trained WaltzRL adapters in {waltz_dir} (missing {', '.join(str(d) for d in missing)}); "
@@ -100,33 +109,35 @@ def waltz_table(
 
     rollout = config.rollout
     options = policy_options(rollout)
-    rank = max(
-        _adapter_rank(d) for d in (waltz_dir / "conversation", waltz_dir / "feedback", single_dir / "conversation")
-    )
+    adapters = {
+        "conversation": waltz_dir / "conversation",
+        "feedback": waltz_dir / "feedback",
+        "single": single_dir / "conversation",
+        **{f"{name}:{role}": model / role for name, model in others.items() for role in ("conversation", "feedback")},
+    }
     if rollout.backend == "vllm":
-        options.update(max_loras=3, max_lora_rank=vllm_lora_rank(rank))
+        rank = max(_adapter_rank(d) for d in adapters.values())
+        options.update(max_loras=len(adapters), max_lora_rank=vllm_lora_rank(rank))
     on_phase("starting the inference engine")
     base = make_policy(rollout.backend, resolve_model(rollout.model), options)
     trained: dict[str, Any] = {}
     try:
-        trained = {
-            "conversation": load_adapter(base, "waltz_conversation", waltz_dir / "conversation"),
-            "feedback": load_adapter(base, "waltz_feedback", waltz_dir / "feedback"),
-            "single": load_adapter(base, "single_conversation", single_dir / "conversation"),
-        }
+        for key, directory in adapters.items():
+            trained[key] = load_adapter(base, f"table_{len(trained)}", directory)
         plan = {
             "conversation_alone": (base, base, "none"),
             "collaboration": (base, base, "agent"),
             "oracle_feedback": (base, base, "oracle"),
             "single_model_rl": (trained["single"], base, "none"),
             "waltzrl": (trained["conversation"], trained["feedback"], "agent"),
+            **{f"waltzrl:{n}": (trained[f"{n}:conversation"], trained[f"{n}:feedback"], "agent") for n in others},
         }
         tables: dict[str, dict[str, dict[str, Any]]] = {}
         episodes_out: list[dict[str, Any]] = []
         for prompt_set in prompts:
             table = tables[prompt_set] = {}
             for name, (conversation, feedback, mode) in plan.items():
-                on_phase(f"evaluating on {prompt_set}: {CONFIGURATIONS[name]} ({episodes} held-out prompts)")
+                on_phase(f"evaluating on {prompt_set}: {configuration_label(name)} ({episodes} held-out prompts)")
                 env_kwargs = {**evaluation_kwargs(rollout.env_kwargs, prompt_set), "feedback": mode}
                 trajectories, failed = play(config, conversation, feedback, env_kwargs, episodes)
                 records = records_of(trajectories)
@@ -208,3 +219,32 @@ def _adapter_rank(directory: Path) -> int:
 
 async def _play(engine: Any, episodes: int) -> list[Trajectory]:
     return [t async for episode in engine.stream_episodes(episodes) for t in episode]
+
+
+def seed_summary(
+    tables: Sequence[Mapping[str, Mapping[str, Mapping[str, Any]]]],
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """The tables of several training seeds (each a run's ``waltz_table.json``: ``{set: {configuration:
+    metrics}}``) side by side: for each set, configuration and metric of :data:`SUMMARY_METRICS`,
+    ``{"mean", "low", "high", "values"}`` over the seeds that have it (``low`` / ``high``: the smallest
+    and largest seed's value, the spread). A metric a seed could not measure (no verdicts: NaN) is
+    left out of that seed's values."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for table in tables:
+        for prompt_set, rows in table.items():
+            for configuration, metrics in rows.items():
+                row = out.setdefault(prompt_set, {}).setdefault(configuration, {})
+                for key in SUMMARY_METRICS:
+                    value = metrics.get(key, {}).get("value") if isinstance(metrics.get(key), Mapping) else None
+                    if value is not None and value == value:  # not NaN
+                        row.setdefault(key, {"values": []})["values"].append(float(value))
+    for rows in out.values():
+        for row in rows.values():
+            for entry in row.values():
+                values = entry["values"]
+                entry.update(mean=sum(values) / len(values), low=min(values), high=max(values))
+    return out
+
+
+SUMMARY_METRICS = ("asr", "orr", "ftr_harmful", "ftr_benign", "label_accuracy", "label_f1")
+"""The metrics :func:`seed_summary` puts side by side (the table's columns)."""

@@ -5,6 +5,8 @@ tests/test_examples.py."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 
 from agentrl.config import load_config
@@ -18,7 +20,7 @@ from agentrl.envs.waltz.metrics import (
     waltz_metrics,
     wilson,
 )
-from agentrl.recipes.waltzrl.evaluate import evaluation_kwargs, single_model_config
+from agentrl.recipes.waltzrl.evaluate import evaluation_kwargs, seed_summary, single_model_config
 from agentrl.recipes.waltzrl.hooks import waltz_step_metrics
 from agentrl.train.config import TrainConfig
 from agentrl.types import Trajectory
@@ -219,3 +221,42 @@ def test_evaluation_on_a_public_set_swaps_the_exact_judge_for_the_refusal_one_an
     assert evaluation_kwargs({**base, "judge": "exact"}, "strongreject")["judge"] == "refusal"
     assert evaluation_kwargs({**base, "judge": "llm"}, "strongreject")["judge"] == "llm"
     assert "judge" not in evaluation_kwargs(base, "my_prompts.jsonl")  # a user's file keeps the exact judge
+
+
+def _table(asr_hits, f1):
+    asr = Rate.of(asr_hits, 10)
+    return {
+        "builtin": {
+            "waltzrl": {"asr": asdict(asr), "label_f1": {"value": f1}, "label_accuracy": {"value": float("nan")}}
+        }
+    }
+
+
+def test_seed_summary_gives_each_metrics_mean_and_spread_over_the_seeds_and_skips_what_a_seed_could_not_measure():
+    summary = seed_summary([_table(1, 0.2), _table(3, 0.5), _table(2, 0.8)])
+    row = summary["builtin"]["waltzrl"]
+    assert row["asr"]["values"] == [0.1, 0.3, 0.2]
+    assert row["asr"]["mean"] == pytest.approx(0.2) and (row["asr"]["low"], row["asr"]["high"]) == (0.1, 0.3)
+    assert row["label_f1"]["mean"] == pytest.approx(0.5)
+    assert "label_accuracy" not in row  # NaN in every seed: nothing measured
+
+
+def test_waltz_seeds_prints_the_summary_and_names_a_run_without_a_table(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    runs = []
+    for k, hits in enumerate((1, 3)):
+        run = tmp_path / f"seed{k}"
+        run.mkdir()
+        (run / "waltz_table.json").write_text(json.dumps(_table(hits, 0.5)))
+        runs.append(str(run))
+    result = CliRunner().invoke(app, ["waltz-seeds", *runs])
+    assert result.exit_code == 0, result.output
+    assert "over 2 training seeds" in result.output and "20.0% [10.0%, 30.0%] k=2" in result.output, result.output
+    assert json.loads((tmp_path / "seed0" / "waltz_seeds.json").read_text())["runs"] == runs
+    result = CliRunner().invoke(app, ["waltz-seeds", runs[0], str(tmp_path / "nope")])
+    assert result.exit_code != 0 and "no waltz_table.json" in result.output
