@@ -293,3 +293,30 @@ def test_a_killed_shared_lora_engine_of_a_multi_policy_run_is_replaced_and_it_fi
         assert probes and max(probes) <= 1e-3, probes
     # the end of the run says what it survived
     assert re.search(r"inference engines replaced\s*│?\s*sayer_a 1, sayer_b 1", out), out[-2000:]
+
+
+@pytest.mark.e2e
+def test_sigterm_ends_agentrl_train_with_its_engine_processes_and_keeps_its_checkpoint(tiny_model_dir, tmp_path):
+    # A scheduler's kill (SIGTERM) runs every finally, as Ctrl-C does: the vLLM engine's processes go
+    # with the command instead of living on, the exit code is 143, and the checkpoints written stay.
+    run_dir = tmp_path / "run"
+    command = tiny_train_command(tiny_model_dir, run_dir, "steps=200")
+    env = os.environ | {"OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not _steps_saved(run_dir, 1):
+            assert process.poll() is None, process.stderr.read()[-3000:] if process.stderr else ""
+            time.sleep(0.2)
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert any("EngineCore" in " ".join(p.cmdline()) for p in children), [p.cmdline() for p in children]
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, err[-3000:]
+    assert "terminated (SIGTERM)" in err
+    _, alive = psutil.wait_procs([p for p in children if p.is_running()], timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
+    assert list_checkpoints(run_dir)  # resuming from it is the SIGKILL tests' part

@@ -42,7 +42,7 @@ from rich.text import Text
 
 import agentrl
 from agentrl.cli import envs, plugins, rollout, serve, train
-from agentrl.cli.common import CleanErrors, console, err_console
+from agentrl.cli.common import CleanErrors, console, err_console, stop_on_sigterm
 from agentrl.sandboxes.cli import sandbox_app
 
 app = typer.Typer(
@@ -99,6 +99,7 @@ def _show_warning(
 def main() -> None:
     """Entry point of the ``agentrl`` console script."""
     warnings.showwarning = _show_warning
+    stop_on_sigterm()  # a killed command stops the engines and containers it started
     for stream in (sys.stdout, sys.stderr):  # env text may hold characters the terminal cannot show
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")

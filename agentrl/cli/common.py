@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from typing import Annotated, Any, NoReturn, TextIO
 
 import click
@@ -37,17 +38,35 @@ RUN_ERRORS: tuple[type[Exception], ...] = (ConnectionError, RunFailed)  # a serv
 """Exceptions that mean the run could not go on through no fault of the command: one message, exit 1."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler's kill, ``timeout``, ``kill PID``), raised in the main thread as Ctrl-C
+    is, so that every ``finally`` runs: the inference engines' processes and the containers a command
+    started stop with it instead of living on (:func:`stop_on_sigterm`)."""
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM raise :class:`Terminated` in the main thread (exit code 143, as a shell reports it)."""
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, terminated)
+
+
 class CleanErrors(typer.core.TyperGroup):
     """The one place where errors become exit codes, for every command and sub-command.
 
     :data:`USAGE_ERRORS` print their message and exit 2, :data:`RUN_ERRORS` exit 1, Ctrl-C exits
-    130; anything else is a bug and keeps its traceback. ``AGENTRL_TRACEBACK=1`` re-raises usage
+    130 and SIGTERM 143 (both after every ``finally`` ran); anything else is a bug and keeps its traceback. ``AGENTRL_TRACEBACK=1`` re-raises usage
     errors too, for the traceback.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except Terminated:
+            err_console.print("[yellow]terminated (SIGTERM)[/]")
+            raise typer.Exit(143) from None
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/]")
             raise typer.Exit(130) from None
