@@ -260,3 +260,12 @@ def test_waltz_seeds_prints_the_summary_and_names_a_run_without_a_table(tmp_path
     assert json.loads((tmp_path / "seed0" / "waltz_seeds.json").read_text())["runs"] == runs
     result = CliRunner().invoke(app, ["waltz-seeds", runs[0], str(tmp_path / "nope")])
     assert result.exit_code != 0 and "no waltz_table.json" in result.output
+
+
+def test_waltz_table_compare_takes_name_equals_run_dir():
+    from typer.testing import CliRunner
+
+    from agentrl.cli import app
+
+    result = CliRunner().invoke(app, ["waltz-table", "recipes/waltzrl/waltzrl.yaml", "--compare", "runs/other"])
+    assert result.exit_code == 2 and "--compare takes NAME=RUN_DIR" in result.output, result.output
