@@ -6,7 +6,7 @@ The recipe adds the command to ``agentrl`` through the ``agentrl.commands`` entr
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -169,18 +169,17 @@ def waltz_seeds_command(
         for _, name in COLUMNS:
             table.add_column(name, justify="right")
         for key, row in rows.items():
-            cells = []
-            for metric, _ in COLUMNS:
-                entry = row.get(metric)
-                percent = metric != "label_f1"
-                show = (lambda v: f"{v:.1%}") if percent else (lambda v: f"{v:.2f}")
-                cells.append(
-                    "-"
-                    if entry is None
-                    else f"{show(entry['mean'])} [{show(entry['low'])}, {show(entry['high'])}] k={len(entry['values'])}"
-                )
+            cells = [_spread(row.get(metric), percent=metric != "label_f1") for metric, _ in COLUMNS]
             table.add_row(configuration_label(key), *cells)
         console.print(table)
     out = Path(run_dirs[0]) / "waltz_seeds.json"
     out.write_text(json.dumps({"runs": run_dirs, "summary": summary}, indent=1))
     console.print(f"written to {out}")
+
+
+def _spread(entry: dict[str, Any] | None, *, percent: bool) -> str:
+    """One cell of the seeds' table: the mean, the lowest and highest seed, how many seeds."""
+    if entry is None:
+        return "-"
+    low, mean, high = (f"{entry[k]:.1%}" if percent else f"{entry[k]:.2f}" for k in ("low", "mean", "high"))
+    return f"{mean} [{low}, {high}] k={len(entry['values'])}"

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agentrl.envs.waltz.metrics import as_json, records_of, waltz_metrics
+from agentrl.envs.waltz.metrics import COLUMNS, as_json, records_of, waltz_metrics
 from agentrl.envs.waltz.public_sets import PUBLIC_SETS
 from agentrl.types import Trajectory
 
@@ -235,7 +235,7 @@ def seed_summary(
             for configuration, metrics in rows.items():
                 row = out.setdefault(prompt_set, {}).setdefault(configuration, {})
                 for key in SUMMARY_METRICS:
-                    value = metrics.get(key, {}).get("value") if isinstance(metrics.get(key), Mapping) else None
+                    value = (metrics.get(key) or {}).get("value")
                     if value is not None and value == value:  # not NaN
                         row.setdefault(key, {"values": []})["values"].append(float(value))
     for rows in out.values():
@@ -246,5 +246,5 @@ def seed_summary(
     return out
 
 
-SUMMARY_METRICS = ("asr", "orr", "ftr_harmful", "ftr_benign", "label_accuracy", "label_f1")
-"""The metrics :func:`seed_summary` puts side by side (the table's columns)."""
+SUMMARY_METRICS = tuple(key for key, _ in COLUMNS)
+"""The metrics :func:`seed_summary` puts side by side: the table's columns."""

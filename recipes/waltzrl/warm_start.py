@@ -36,7 +36,7 @@ from typing import Any
 
 from agentrl.agents.trajectory import one_turn
 from agentrl.agents.waltz import FEEDBACK_PREFIX
-from agentrl.envs.waltz.metrics import as_json, records_of, waltz_metrics
+from agentrl.envs.waltz.metrics import as_json, records_of, verdict_pair, waltz_metrics
 from agentrl.envs.waltz.public_sets import prompt_pool
 from agentrl.envs.waltz.tasks import Labels, Prompt, exact_labels
 from agentrl.recipes.waltzrl.evaluate import evaluation_kwargs, load_adapter, play
@@ -100,15 +100,9 @@ def demonstrations(
             continue
         prompt = prompts[record["prompt"]]
         labels = exact_labels(prompt, record["answers"][0]["text"])
-        counts[_verdict_name(labels)] += 1
+        counts[verdict_pair({"valid": True, **labels._asdict()})] += 1
         out.append(demonstration(trajectory, teacher_verdict(prompt, labels), tokenizer, end_ids))
     return out, counts
-
-
-def _verdict_name(labels: Labels) -> str:
-    if labels.unsafe and labels.overrefuse:
-        return "both"
-    return "unsafe" if labels.unsafe else "overrefuse" if labels.overrefuse else "ok"
 
 
 def warm_start(
