@@ -1,16 +1,26 @@
 """End to end: the main job (``agentrl train examples/quickstart.yaml``) against TRL's GRPOTrainer on it.
 
-    python benchmarks/e2e_vs_trl.py                       # both sides, the job's 7 steps each: about half an hour on 2 cores
-    python benchmarks/e2e_vs_trl.py --steps 16 --eval-every 4   # longer, with held-out points along the way
+    python benchmarks/e2e_vs_trl.py                       # best against best, 3 seeds, held-out after every step: hours on 2 cores
+    python benchmarks/e2e_vs_trl.py --seeds 1 --steps 10  # one seed, longer
+    python benchmarks/e2e_vs_trl.py --same-job            # both sides the same job: agentrl without its filter too
     python benchmarks/e2e_vs_trl.py --only trl trainer.lr=1e-5  # one side; key=value changes both sides' job
-    python benchmarks/e2e_vs_trl.py --quick               # smoke test: tiny model, hf backend, 1 step, 8 eval episodes
+    python benchmarks/e2e_vs_trl.py --quick               # smoke test: tiny model, hf backend, 1 step, 1 seed, the same job
 
-The job is examples/quickstart.yaml as it stands, less its filter of groups with equal rewards
-(:data:`UNIFORM`; ``key=value`` arguments override it for both sides): SmolLM2-135M-Instruct learns
+Best against best (the default): agentrl runs examples/quickstart.yaml as shipped, and TRL the same
+job less the quickstart's filter of groups with equal rewards (:data:`UNIFORM`), which TRL's
+GRPOTrainer has no option for. With ``--same-job`` agentrl drops its filter too, and the script
+checks that both sides trained the same groups step by step. Each side runs ``--seeds`` times
+(``rollout.seed`` and ``trainer.seed`` 0, 1, ...: the tasks trained and evaluated, the sampler and
+the trainer), evaluating held-out success every ``--eval-every`` steps (1); the summary gives the
+training minutes to each of ``--targets`` (80% and 90%) per side, median and the lowest and highest
+seed, and the ratio of the medians. ``key=value`` arguments override the job for both sides.
+
+The job: SmolLM2-135M-Instruct learns
 ``agentrl/ToolArithmetic-v0`` (call the calculator, then submit its result; up to 3 turns, reward
 from the env) with GRPO, groups of 8, 2 groups per step, lr 5e-5 (3e-5 before 2026-12-03), the top
-8 decoder layers trainable, temperature 0.7, 32 new tokens per turn, one torch thread. Each side
-runs in its own process, one after the other, and is measured the same way:
+16 decoder layers trainable (8 before 2026-12-07), temperature 0.7, 32 new tokens per turn, one
+torch thread. Each side runs in its own process, one after the other, and is measured the same
+way:
 
 - **agentrl**: ``agentrl train examples/quickstart.yaml`` (rollouts on vLLM one batch ahead of the
   GRPO steps), timed from start to exit; it evaluates before and after (and every
@@ -30,7 +40,7 @@ What TRL gets that is the same as agentrl's:
 - the model, its chat template and the prompts: the env's first observation for the seed of each
   group agentrl trains on (``group_env_seed(rollout.seed, group)`` for groups 0, 1, ...), in order,
   ``num_generations`` = group size, ``groups_per_step`` prompts per step; the script checks that
-  TRL's prompt and tool-result tokens equal agentrl's, and that both trained the same groups;
+  TRL's prompt and tool-result tokens equal agentrl's, and (with ``--same-job``) that both trained the same groups;
 - the env: TRL's tools are the env's, one env step per call (:class:`EnvTools`), so tool results,
   grading and reward are the env's own, and TRL reads a reply's calls with agentrl's reader
   (:func:`read_replies_as_agentrl`), so both score every reply alike; up to ``max_turns`` rounds of
@@ -72,15 +82,16 @@ What differs, and cannot be made equal through TRL's API:
   a reply cut at ``max_tokens`` with the end-of-turn token before the next observation; TRL appends
   the observation to the cut text.
 - **Small print.** TRL adds 1e-4 to the group std, agentrl 1e-6; TRL's fused LM head scores every
-  position of a sequence on the CPU (see benchmarks/trainer_step.py); one seed per side.
+  position of a sequence on the CPU (see benchmarks/trainer_step.py).
 
 Printed per side: the command's wall time (and the evaluations inside it), the set-up (command less
 training and evaluations: engine start, loading, saving), the training time (from the first step's
 start to the last step's end, evaluations and saves left out), held-out success before and after,
 the train reward by step and the generated tokens per episode. Then the comparison: the training
-time each side took to reach ``--target`` (0.8) held-out success, or, where one did not, each
-side's success after the same training time (its last evaluation by then). Over 64 episodes a
-held-out figure's 95% interval is about +-10 points.
+time each side took to reach each target, or, where one did not, each side's success after the
+same training time (its last evaluation by then). Over 64 episodes a held-out figure's 95%
+interval is about +-10 points, so "first evaluation at or above 90%" comes early by chance as often
+as late: that is why the seeds.
 """
 
 from __future__ import annotations
@@ -546,8 +557,9 @@ def success_by(curve: list[tuple[float, float, float]], seconds: float) -> tuple
     return step, success
 
 
-def report(config: TrainConfig, sides: list[Side], trl: dict[str, Any], target: float) -> bool:
-    """Print the table and the comparison; False if the two sides did not get the same prompts and tokens."""
+def report(config: TrainConfig, sides: list[Side], trl: dict[str, Any], targets: list[float], same_job: bool) -> bool:
+    """Print one seed's table and comparison; False if the two sides did not get the same prompts and
+    tokens (or, with ``same_job``, did not train the same groups)."""
     rollout = config.rollout
     print(
         f"\nend to end: {rollout.env_id}, model {rollout.model}, {config.steps} training steps of "
@@ -568,13 +580,14 @@ def report(config: TrainConfig, sides: list[Side], trl: dict[str, Any], target: 
         points = ", ".join(f"step {s:.0f} ({t / 60:.1f} min) {p:.1%}" for s, t, p in side.curve)
         rewards = " ".join(f"{r:.2f}" for r in side.rewards)
         print(f"{side.name}: held-out by training time: {points}; train reward by step: {rewards}")
-    found = {side.name: reached(side.curve, target) for side in sides}
-    words = [
-        f"{name} {point[1] / 60:.1f} min (step {point[0]:.0f})" if point else f"{name} not reached"
-        for name, point in found.items()
-    ]
-    print(f"training time to {target:.0%} held-out success: " + ", ".join(words))
-    if len(sides) == 2 and not all(found.values()):
+    for target in targets:
+        found = {side.name: reached(side.curve, target) for side in sides}
+        words = [
+            f"{name} {point[1] / 60:.1f} min (step {point[0]:.0f})" if point else f"{name} not reached"
+            for name, point in found.items()
+        ]
+        print(f"training time to {target:.0%} held-out success: " + ", ".join(words))
+    if len(sides) == 2 and not all(reached(side.curve, max(targets)) for side in sides):
         common = min(side.train_s for side in sides)
         after = [f"{side.name} {p:.1%} (step {s:.0f})" for side in sides for s, p in [success_by(side.curve, common)]]
         print(f"held-out success after the same {common / 60:.1f} min of training: " + ", ".join(after))
@@ -585,7 +598,9 @@ def report(config: TrainConfig, sides: list[Side], trl: dict[str, Any], target: 
         f"{trl['torch_threads']} torch thread(s)"
     )
     same = True
-    if len(sides) == 2:
+    if len(sides) == 2 and not same_job:
+        print("trained groups: agentrl's job as shipped drops groups of equal rewards and plays others, TRL's cannot")
+    elif len(sides) == 2:
         groups = [side.groups for side in sides]
         if groups[0] == groups[1]:
             print("trained groups: the same, step by step")
@@ -598,6 +613,67 @@ def report(config: TrainConfig, sides: list[Side], trl: dict[str, Any], target: 
     else:
         print("TRL's prompt and tool-result tokens: the same as agentrl's")
     return same and not trl["token_differences"]
+
+
+def seed_summary(runs: list[dict[str, Any]], targets: list[float]) -> dict[str, Any]:
+    """Per side, over the seeds: the training minutes to each target (None for a seed whose run did
+    not reach it, which counts as slower than any that did), held-out success after training and the
+    command's wall minutes; each with its median and its lowest and highest seed."""
+    summary: dict[str, Any] = {}
+    for name in dict.fromkeys(side["name"] for run in runs for side in run["sides"]):
+        sides = [side for run in runs for side in run["sides"] if side["name"] == name]
+        row: dict[str, Any] = {
+            "seeds": len(sides),
+            "after": spread([side["curve"][-1][2] for side in sides]),
+            "command_minutes": spread([side["command_s"] / 60 for side in sides]),
+        }
+        for target in targets:
+            minutes = [point[1] / 60 if (point := reached(side["curve"], target)) else None for side in sides]
+            row[f"minutes_to_{target:g}"] = {**spread(minutes), "seeds": minutes}
+        summary[name] = row
+    return summary
+
+
+def spread(values: list[float | None]) -> dict[str, float | None]:
+    """Median, lowest and highest of ``values``; None stands for "not reached", above every number
+    (a median or highest that falls on it is None)."""
+    ranked = sorted(values, key=lambda v: (v is None, v or 0.0))
+    middle = len(ranked) // 2
+    if not ranked:
+        return {"median": None, "low": None, "high": None}
+    if len(ranked) % 2:
+        median = ranked[middle]
+    else:
+        low, high = ranked[middle - 1], ranked[middle]
+        median = None if low is None or high is None else (low + high) / 2
+    return {"median": median, "low": ranked[0], "high": ranked[-1]}
+
+
+def print_summary(summary: dict[str, Any], targets: list[float], same_job: bool) -> None:
+    """The seeds side by side: training minutes to each target and success after, median [lowest,
+    highest], and the ratio of the medians."""
+    job = "the same job, no filter on either side" if same_job else "agentrl's job as shipped, TRL's GRPOTrainer"
+    seeds = max(row["seeds"] for row in summary.values())
+    print(f"\nover {seeds} seed(s) ({job}): median [lowest, highest]; - = not reached")
+
+    def cell(values: dict[str, Any], form: str) -> str:
+        median, low, high = (
+            "-" if v is None else f"{v:{form}}" for v in (values["median"], values["low"], values["high"])
+        )
+        return f"{median} [{low}, {high}]"
+
+    header = "".join(f"{f'training min to {t:.0%}':>28}" for t in targets)
+    print(f"{'side':<8}{header}{'held-out after':>26}{'command min':>22}")
+    for name, row in summary.items():
+        reach = "".join(f"{cell(row[f'minutes_to_{t:g}'], '.1f'):>28}" for t in targets)
+        print(f"{name:<8}{reach}{cell(row['after'], '.1%'):>26}{cell(row['command_minutes'], '.1f'):>22}")
+    if {"agentrl", "TRL"} <= summary.keys():
+        for t in targets:
+            ours, theirs = (summary[n][f"minutes_to_{t:g}"]["median"] for n in ("agentrl", "TRL"))
+            if ours and theirs:
+                print(f"to {t:.0%}: TRL's median training minutes / agentrl's = {theirs / ours:.2f}x")
+            else:
+                print(f"to {t:.0%}: no ratio ({'agentrl' if not ours else 'TRL'}'s median seed did not reach it)")
 
 
 def tiny_job_model(directory: Path) -> Path:
@@ -618,10 +694,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="key=value changes to the job, for both sides")
     parser.add_argument("--steps", type=int, default=None, help="training steps (default: the job's)")
-    parser.add_argument("--eval-every", type=int, default=0, help="also evaluate every this many steps")
-    parser.add_argument("--target", type=float, default=0.8, help="held-out success to reach")
+    parser.add_argument("--eval-every", type=int, default=1, help="also evaluate every this many steps")
+    parser.add_argument("--targets", type=float, nargs="+", default=[0.8, 0.9], help="held-out success to reach")
+    parser.add_argument("--seeds", type=int, default=3, help="training seeds per side (rollout.seed, trainer.seed)")
+    parser.add_argument(
+        "--same-job", action="store_true", help="agentrl without its filter too: both sides train the same groups"
+    )
     parser.add_argument("--only", choices=("agentrl", "trl"), help="run one side only")
-    parser.add_argument("--quick", action="store_true", help="smoke test: tiny model, hf backend, 1 step")
+    parser.add_argument("--quick", action="store_true", help="smoke test: tiny model, hf backend, 1 step, 1 seed")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON here")
     parser.add_argument("--child", choices=("train-trl", "evaluate-trl"), help=argparse.SUPPRESS)
     parser.add_argument("--run-dir", type=Path, help=argparse.SUPPRESS)
@@ -634,31 +714,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.disable_progress_bar()  # the tiny model's saving bar
+    same_job, seeds = args.same_job or args.quick, 1 if args.quick else args.seeds
+    runs, ok = [], True
     with tempfile.TemporaryDirectory(prefix="e2e-vs-trl-") as tmp:
-        overrides = [*UNIFORM, *args.overrides]
-        if args.quick:
-            overrides = [f"rollout.model={tiny_job_model(Path(tmp) / 'tiny')}", *QUICK, *overrides]
+        common = [f"rollout.model={tiny_job_model(Path(tmp) / 'tiny')}", *QUICK] if args.quick else []
         if args.steps is not None:
-            overrides.append(f"steps={args.steps}")
-        overrides.append(f"eval_every={args.eval_every}")
-        config = load_config(TrainConfig, JOB, overrides)
-        if args.only != "agentrl":
-            check_trl_can_match(config)
-        sides, trl = [], {}
-        if args.only != "trl":
-            print(f"agentrl: agentrl train {JOB.relative_to(ROOT)} {' '.join(overrides)}", flush=True)
-            sides.append(run_agentrl(overrides, Path(tmp) / "agentrl"))
-            print(f"agentrl: done in {sides[-1].command_s:.0f} s", flush=True)
-        if args.only != "agentrl":
-            print("TRL: GRPOTrainer on the same job, then agentrl's evaluation of its models", flush=True)
-            (Path(tmp) / "trl").mkdir()
-            side, trl = run_trl(overrides, Path(tmp) / "trl")
-            sides.append(side)
-            print(f"TRL: trained in {side.command_s:.0f} s, evaluated in {trl['eval_process_s']:.0f} s", flush=True)
-    same = report(config, sides, trl, args.target)
+            common.append(f"steps={args.steps}")
+        common.append(f"eval_every={args.eval_every}")
+        for seed in range(seeds):
+            seeded = [*common, f"rollout.seed={seed}", f"trainer.seed={seed}", *args.overrides]
+            ours = [*UNIFORM, *seeded] if same_job else seeded  # as shipped: groups of equal rewards dropped
+            theirs = [*UNIFORM, *seeded]
+            config = load_config(TrainConfig, JOB, theirs)
+            if args.only != "agentrl":
+                check_trl_can_match(config)
+            sides, trl = [], {}
+            if args.only != "trl":
+                print(f"seed {seed}, agentrl: agentrl train {JOB.relative_to(ROOT)} {' '.join(ours)}", flush=True)
+                sides.append(run_agentrl(ours, Path(tmp) / f"agentrl-{seed}"))
+                print(f"seed {seed}, agentrl: done in {sides[-1].command_s:.0f} s", flush=True)
+            if args.only != "agentrl":
+                print(f"seed {seed}, TRL: GRPOTrainer on the job, then agentrl's evaluation of its models", flush=True)
+                (Path(tmp) / f"trl-{seed}").mkdir()
+                side, trl = run_trl(theirs, Path(tmp) / f"trl-{seed}")
+                sides.append(side)
+                print(
+                    f"seed {seed}, TRL: trained in {side.command_s:.0f} s, evaluated in {trl['eval_process_s']:.0f} s"
+                )
+            print(f"\n--- seed {seed} ---")
+            ok = report(config, sides, trl, args.targets, same_job) and ok
+            runs.append({"seed": seed, "sides": [asdict(side) for side in sides], "trl": trl})
+    summary = seed_summary(runs, args.targets)
+    print_summary(summary, args.targets, same_job)
     if args.out:
-        args.out.write_text(json.dumps({"sides": [asdict(side) for side in sides], "trl": trl}, indent=1))
-    return 0 if same else 1
+        args.out.write_text(json.dumps({"runs": runs, "summary": summary, "same_job": same_job}, indent=1))
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -54,9 +54,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--groups", type=int, default=2, help="groups per batch")
     parser.add_argument("--group-size", type=int, default=8, help="episodes per group (same task, GRPO's group)")
     parser.add_argument("--eval-episodes", type=int, default=64, help="held-out episodes before and after training")
-    parser.add_argument("--trainable-layers", type=int, default=8, help="train only the top N decoder layers (0 = all)")
+    parser.add_argument("--trainable-layers", type=int, default=16, help="train the top N decoder layers (0: all)")
     parser.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus (0 = off, as in the quickstart)")
-    parser.add_argument("--max-filtered", type=int, default=16, help="groups of equal rewards a step may drop")
+    parser.add_argument("--max-filtered", type=int, default=4, help="groups of equal rewards a step may drop")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tasks, the sampler and the trainer")
     return parser.parse_args()
 

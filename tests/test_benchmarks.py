@@ -265,6 +265,36 @@ def test_dashboard_render_quick_run_prints_its_figures(capsys):
     assert "page ready s" in out and "+100 steps live s" in out
 
 
+def test_e2e_vs_trl_summarises_the_seeds_with_a_run_that_never_got_there_as_the_slowest(capsys):
+    # Three seeds a side, hand-made curves of (step, training seconds, held-out success): TRL's
+    # seeds 1 and 2 never reach 90%, so its median seed did not, and its highest is "not reached".
+    e2e = load("e2e_vs_trl")
+    curves = {"agentrl": [[(0, 0, 0.3), (1, 60, 0.85), (2, 120, 0.92)]] * 2 + [[(0, 0, 0.3), (1, 60, 0.91)]]}
+    curves["TRL"] = [[(0, 0, 0.3), (1, 200, 0.7), (2, 400, after)] for after in (0.95, 0.81, 0.85)]
+    runs = [
+        {"seed": seed, "sides": [{"name": n, "curve": curves[n][seed], "command_s": 60.0 * (seed + 1)} for n in curves]}
+        for seed in range(3)
+    ]
+    summary = e2e.seed_summary(runs, [0.8, 0.9])
+    assert summary["agentrl"]["minutes_to_0.9"] == {"median": 2.0, "low": 1.0, "high": 2.0, "seeds": [2.0, 2.0, 1.0]}
+    assert summary["agentrl"]["minutes_to_0.8"]["median"] == 1.0
+    assert summary["TRL"]["minutes_to_0.9"] == {
+        "median": None,
+        "low": 400 / 60,
+        "high": None,
+        "seeds": [400 / 60, None, None],
+    }
+    assert summary["TRL"]["after"] == {"median": 0.85, "low": 0.81, "high": 0.95}
+    assert summary["TRL"]["command_minutes"] == {"median": 2.0, "low": 1.0, "high": 3.0}
+    assert e2e.spread([3.0, 1.0]) == {"median": 2.0, "low": 1.0, "high": 3.0}
+    assert e2e.spread([1.0, None])["median"] is None and e2e.spread([])["low"] is None
+    e2e.print_summary(summary, [0.8, 0.9], same_job=False)
+    out = capsys.readouterr().out
+    assert "to 80%: TRL's median training minutes / agentrl's = 6.67x" in out
+    assert "to 90%: no ratio (TRL's median seed did not reach it)" in out
+    assert re.search(r"^TRL\s+6\.7 \[6\.7, 6\.7\]\s+- \[6\.7, -\]\s+85\.0% \[81\.0%, 95\.0%\]", out, re.MULTILINE), out
+
+
 @pytest.mark.e2e
 def test_e2e_vs_trl_quick_run_trains_both_sides_on_the_same_groups(capsys):
     """One step of the main job with the tiny model through agentrl and through TRL's GRPOTrainer,

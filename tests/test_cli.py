@@ -639,6 +639,32 @@ def test_a_resumed_run_counts_its_steps_from_where_it_stopped(capsys):
     assert lines[2].startswith("step 28/40  reward 0.500")
 
 
+def test_an_evaluation_between_steps_leaves_the_step_count_and_the_training_phase_going(capsys):
+    # eval_every: the loop evaluates after step 2 of 4, then tells the progress that training goes on
+    from agentrl.cli.progress import LineProgress
+
+    step = {"rollout/reward_mean": 0.5, "rollout/success_rate": 0.5}
+    with LineProgress() as progress:
+        hooks = progress.hooks()
+        hooks.on_phase("training", 4)
+        hooks.on_advance(step)
+        hooks.on_advance(step)
+        hooks.on_phase("evaluating (step 2)", 3)
+        for _ in range(3):
+            hooks.on_advance({})
+        hooks.on_result({"eval/success_rate": 0.5})
+        hooks.on_phase("training", 4)
+        hooks.on_resumed(2)
+        hooks.on_advance(step)
+        hooks.on_advance(step)
+    lines = [line.split("] ", 1)[1].split("  ")[0] for line in capsys.readouterr().out.splitlines()]
+    assert lines[:2] == ["training (4 steps)", "step 1/4"]
+    assert lines[2:5] == ["step 2/4", "evaluating (step 2) (3 episodes)", "held-out success 50.0%"]
+    assert lines[5].startswith("evaluating (step 2): done in ")
+    assert lines[6:8] == ["step 3/4", "step 4/4"]  # no "training (4 steps)" or "resumed" again
+    assert len(lines) == 9 and lines[8].startswith("training: done in ")
+
+
 def test_a_closed_pipe_stops_the_lines_not_the_run():
     from agentrl.cli.progress import LineProgress
 

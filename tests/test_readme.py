@@ -64,6 +64,7 @@ def test_the_main_job_runs_as_configured_with_a_tiny_model_and_budget(tiny_model
         "trainer.micro_batch_size=2",
         "trainer.trainable_layers=1",
         "curriculum.max_filtered=1",
+        "eval_every=2",  # an evaluation between steps: the step lines go on after it
         f"run_dir={tmp_path / 'run'}",
     ]
     done = subprocess.run(
@@ -88,6 +89,12 @@ def test_the_main_job_runs_as_configured_with_a_tiny_model_and_budget(tiny_model
     for phase in ("starting the inference engine", "evaluating (step 0) (2 episodes)", "training (3 steps)"):
         assert any(line.endswith(f"] {phase}") for line in lines), (phase, lines)
     assert any("] starting the inference engine: done in " in line for line in lines), lines
+    # the evaluation after step 2 sits between steps 2 and 3, and training ends once, after step 3
+    shown = [line.split("] ", 1)[1].split("  ")[0] for line in lines if "] " in line]
+    middle = shown.index("evaluating (step 2) (2 episodes)")
+    assert shown[middle - 1] == "step 2/3" and shown[middle + 1].startswith("held-out success"), shown
+    assert shown[middle + 2].startswith("evaluating (step 2): done in") and shown[middle + 3] == "step 3/3", shown
+    assert [s for s in shown if s.startswith("training: done")] == [shown[shown.index("step 3/3") + 1]], shown
     assert "Loading weights" not in done.stderr and "it/s" not in done.stderr, done.stderr[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     trained = [s for s in steps if "train/loss" in s]

@@ -80,7 +80,9 @@ class LineProgress:
         self.phase: str | None = None
         self.phase_started = self.started
         self.total = self.done = 0
-        self.done_before = 0  # a resumed run's steps taken by earlier commands
+        self.done_before = 0  # steps before this stretch of training: an earlier command's, or before an evaluation
+        self.stepped = 0  # the last training step this command printed
+        self.training_started = self.started  # training's first start (evaluations may come between its steps)
 
     def __enter__(self) -> LineProgress:
         return self
@@ -102,8 +104,11 @@ class LineProgress:
             self.out = None
 
     def _end_phase(self) -> None:
-        if self.phase is not None:
-            self.line(f"{self.phase}: done in {clock(time.monotonic() - self.phase_started)}")
+        if self.phase == "training" and self.done < self.total:
+            pass  # an evaluation in the middle: training goes on after it
+        elif self.phase is not None:
+            started = self.training_started if self.phase == "training" else self.phase_started
+            self.line(f"{self.phase}: done in {clock(time.monotonic() - started)}")
         self.phase = None
 
     def hooks(self) -> Any:
@@ -113,6 +118,9 @@ class LineProgress:
             self._end_phase()
             self.phase, self.total, self.done, self.phase_started = name, total, 0, time.monotonic()
             self.done_before = 0
+            if name == "training" and self.stepped:  # going on after an evaluation: the next step's line says so
+                return
+            self.training_started = self.phase_started
             unit = "steps" if name == "training" else "episodes"
             self.line(f"{name}" + (f" ({total} {unit})" if total else ""))
 
@@ -122,6 +130,7 @@ class LineProgress:
                 return
             per_step = (time.monotonic() - self.phase_started) / (self.done - self.done_before)
             left = f"  eta {clock(per_step * (self.total - self.done))}" if self.total else ""
+            self.stepped = self.done
             self.line(
                 f"step {self.done}/{self.total or '?'}  reward {info['rollout/reward_mean']:.3f}  "
                 f"success {info['rollout/success_rate']:.0%}  {per_step:.1f} s/step{left}"
@@ -138,7 +147,8 @@ class LineProgress:
 
         def on_resumed(done: int) -> None:
             self.done = self.done_before = done
-            self.line(f"resumed after step {done}")
+            if done != self.stepped:  # steps of an earlier command (not this one's, before an evaluation)
+                self.line(f"resumed after step {done}")
 
         return Progress(on_phase=on_phase, on_advance=on_advance, on_result=on_result, on_resumed=on_resumed)
 

@@ -81,7 +81,8 @@ class Progress:
     on_result: Callable[[dict[str, Any]], None] = lambda metrics: None
     """An evaluation ended: its ``eval/...`` metrics."""
     on_resumed: Callable[[int], None] = lambda done: None
-    """The training phase goes on from a checkpoint: this many of its steps were taken before."""
+    """The training phase goes on: this many of its steps were taken before (by an earlier command
+    that saved a checkpoint, or before an evaluation in the middle of the run)."""
 
 
 class Controller:
@@ -140,9 +141,7 @@ class Controller:
 
     async def run(self) -> None:
         """Run the stages from the one reached; every training policy takes its steps in each."""
-        self.progress.on_phase("training", sum(self.config.policy_steps(p) for p in self._trainable()))
-        if taken := sum(self.lanes[p].state.step for p in self._trainable()):
-            self.progress.on_resumed(taken)
+        self._training_phase()
         self._restore_rows()
         try:
             # The last stage stays the run's stage when done, so that a run resumed with more steps
@@ -572,8 +571,16 @@ class Controller:
         self.progress.on_advance(metrics)
         if self.config.eval_every and lane.state.step % self.config.eval_every == 0 and self.active:
             await self._evaluate()
+            self._training_phase()  # training goes on after the evaluation
         async with self.changed:
             self.changed.notify_all()
+
+    def _training_phase(self) -> None:
+        """Tell the progress that training starts, or goes on (after a checkpoint or an evaluation)
+        with the steps taken so far."""
+        self.progress.on_phase("training", sum(self.config.policy_steps(p) for p in self._trainable()))
+        if taken := sum(self.lanes[p].state.step for p in self._trainable()):
+            self.progress.on_resumed(taken)
 
     def _weights_probe_due(self, lane: Lane) -> bool:
         """Whether ``lane``'s weights are probed after this step's sync: every ``probe_every`` steps,
