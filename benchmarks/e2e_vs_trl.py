@@ -638,9 +638,9 @@ def spread(values: list[float | None]) -> dict[str, float | None]:
     """Median, lowest and highest of ``values``; None stands for "not reached", above every number
     (a median or highest that falls on it is None)."""
     ranked = sorted(values, key=lambda v: (v is None, v or 0.0))
-    middle = len(ranked) // 2
     if not ranked:
         return {"median": None, "low": None, "high": None}
+    middle = len(ranked) // 2
     if len(ranked) % 2:
         median = ranked[middle]
     else:

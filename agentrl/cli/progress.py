@@ -104,9 +104,8 @@ class LineProgress:
             self.out = None
 
     def _end_phase(self) -> None:
-        if self.phase == "training" and self.done < self.total:
-            pass  # an evaluation in the middle: training goes on after it
-        elif self.phase is not None:
+        interrupted = self.phase == "training" and self.done < self.total  # by an evaluation: training goes on
+        if self.phase is not None and not interrupted:
             started = self.training_started if self.phase == "training" else self.phase_started
             self.line(f"{self.phase}: done in {clock(time.monotonic() - started)}")
         self.phase = None

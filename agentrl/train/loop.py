@@ -136,11 +136,13 @@ class Controller:
         self._probe: Any = None  # PCL: the env that shows candidate prompts
         self._select_seconds = 0.0  # prompt selection since the last step
         self._tail: dict[str, float] = {}  # tail batching: what the last round did
+        self._steps_shown = 0  # training steps the progress was told of, an earlier command's included
 
     # --- stages --------------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Run the stages from the one reached; every training policy takes its steps in each."""
+        self._steps_shown = sum(self.lanes[p].state.step for p in self._trainable())
         self._training_phase()
         self._restore_rows()
         try:
@@ -569,6 +571,7 @@ class Controller:
         self._log_row(lane)
         self._check_probe(lane, metrics.get("fault/adapter_probe_gap"))  # after its row: the gap is on record
         self.progress.on_advance(metrics)
+        self._steps_shown += 1
         if self.config.eval_every and lane.state.step % self.config.eval_every == 0 and self.active:
             await self._evaluate()
             self._training_phase()  # training goes on after the evaluation
@@ -577,10 +580,11 @@ class Controller:
 
     def _training_phase(self) -> None:
         """Tell the progress that training starts, or goes on (after a checkpoint or an evaluation)
-        with the steps taken so far."""
+        with the steps it was shown so far. Not the lanes' step counts: another policy's step may be
+        counted there and not yet shown while an evaluation runs."""
         self.progress.on_phase("training", sum(self.config.policy_steps(p) for p in self._trainable()))
-        if taken := sum(self.lanes[p].state.step for p in self._trainable()):
-            self.progress.on_resumed(taken)
+        if self._steps_shown:
+            self.progress.on_resumed(self._steps_shown)
 
     def _weights_probe_due(self, lane: Lane) -> bool:
         """Whether ``lane``'s weights are probed after this step's sync: every ``probe_every`` steps,
