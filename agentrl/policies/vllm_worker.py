@@ -14,14 +14,23 @@ adapter present in the batch and leave index -1 rows untouched, which fixes that
 times faster (``docs/vllm-cpu.md`` section 8). They keep the stock ops' signatures and semantics
 (``scaling``, ``add_inputs``, slice offsets, the output-padding rules), and replace them only on a
 CPU platform whose vLLM has these ops with these exact parameters; any other vLLM is left alone.
+
+The linear layers reach those ops through the CPU punica wrapper's ``add_shrink`` and
+``add_expand``, some 14 calls a layer a forward pass, each of which would sort out the batch's
+adapters again. The wrapper's replacements group the tokens by adapter once per batch
+(:func:`group_tokens`, when vLLM gives the wrapper a new mapping) and keep the shrunk rows in that
+order between the two calls (:func:`lora_shrink`, :func:`lora_expand`), so that a layer costs one
+gather, one matmul per adapter and slice, and one scatter.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -183,6 +192,156 @@ def bgmv_expand_slice(
 
 _GROUPED = {"bgmv_shrink": bgmv_shrink, "bgmv_expand": bgmv_expand, "bgmv_expand_slice": bgmv_expand_slice}
 
+
+@dataclass(frozen=True)
+class TokenGroups:
+    """A batch's tokens grouped by adapter slot: the order :func:`lora_shrink` writes its rows in."""
+
+    tokens: int
+    """Tokens in the batch."""
+    order: torch.Tensor | None
+    """The tokens with an adapter, by slot (row k of a shrunk buffer is token ``order[k]``); None when
+    every token has the same adapter, in their own order."""
+    segments: tuple[tuple[int, int, int], ...]
+    """``(slot, start, end)``: rows ``start:end`` of a shrunk buffer belong to adapter ``slot``."""
+    without: torch.Tensor | None
+    """The tokens with no adapter (index -1), or None."""
+
+    @property
+    def rows(self) -> int:
+        """Rows of a shrunk buffer that hold an adapter's token (the rest stay zero)."""
+        return self.segments[-1][2] if self.segments else 0
+
+
+def group_tokens(indices: torch.Tensor) -> TokenGroups:
+    """Group the tokens of ``indices`` (one adapter slot per token, -1 for none) by slot."""
+    tokens = indices.numel()
+    slots, counts = torch.unique(indices, return_counts=True)
+    present = [(slot, count) for slot, count in zip(slots.tolist(), counts.tolist()) if slot >= 0]
+    if len(present) == 1 and present[0][1] == tokens:
+        return TokenGroups(tokens, None, ((present[0][0], 0, tokens),), None)
+    order = torch.argsort(indices, stable=True)
+    skipped = tokens - sum(count for _, count in present)
+    segments, start = [], 0
+    for slot, count in present:
+        segments.append((slot, start, start + count))
+        start += count
+    return TokenGroups(tokens, order[skipped:], tuple(segments), order[:skipped] if skipped else None)
+
+
+def lora_shrink(
+    buffers: Sequence[torch.Tensor], x: torch.Tensor, lora_a: Sequence[torch.Tensor], scale: float, groups: TokenGroups
+) -> None:
+    """``buffers[i] = scale * x @ A_i[slot].T`` per token, its rows in ``groups``' order (zero past
+    ``groups.rows``); ``lora_a[i]`` is ``[slots, 1, rank, in]``."""
+    dtype = buffers[0].dtype
+    x = (x if groups.order is None else x.index_select(0, groups.order)).to(dtype)
+    for buffer, a in zip(buffers, lora_a):
+        rank = a.shape[2]
+        for slot, start, end in groups.segments:
+            torch.mm(x[start:end], a[slot, 0].to(dtype).t(), out=buffer[start:end, :rank])
+        if scale != 1.0:
+            buffer[: groups.rows, :rank].mul_(scale)
+        buffer[groups.rows :].zero_()
+
+
+def lora_expand(
+    y: torch.Tensor,
+    buffers: Sequence[torch.Tensor],
+    lora_b: Sequence[torch.Tensor],
+    output_slices: Sequence[int],
+    offset: int,
+    add_inputs: bool,
+    groups: TokenGroups,
+) -> None:
+    """``y[:, slice i] (+)= buffers[i] @ B_i[slot].T`` per token, reading ``buffers`` in the order
+    :func:`lora_shrink` wrote; ``lora_b[i]`` is ``[slots, 1, out_i, rank]``. A token with no adapter
+    gets nothing added (zeros where ``add_inputs`` is False)."""
+    for buffer, b, size in zip(buffers, lora_b, output_slices):
+        target, h = y[:, offset : offset + size], buffer.to(y.dtype)
+        offset += size
+        if groups.order is None:  # one adapter for the whole batch: straight into the output
+            weight = b[groups.segments[0][0], 0, :size].to(y.dtype).t()
+            if add_inputs:
+                target.addmm_(h[:, : weight.shape[0]], weight)
+            else:
+                target.copy_(h[:, : weight.shape[0]] @ weight)
+            continue
+        part = h.new_empty(groups.rows, size)
+        for slot, start, end in groups.segments:
+            weight = b[slot, 0, :size].to(y.dtype)
+            torch.mm(h[start:end, : weight.shape[1]], weight.t(), out=part[start:end])
+        if add_inputs:
+            target.index_add_(0, groups.order, part)
+        else:
+            target.index_copy_(0, groups.order, part)
+            if groups.without is not None:
+                target.index_fill_(0, groups.without, 0.0)
+
+
+def _grouped_wrapper_methods(stock: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    """``PunicaWrapperCPU`` methods that group the batch's tokens once per mapping (see the module's
+    docstring); a batch whose rows are not the mapping's tokens goes to the ``stock`` methods."""
+
+    @functools.wraps(stock["update_metadata"])
+    def update_metadata(self: Any, *args: Any, **kwargs: Any) -> None:
+        stock["update_metadata"](self, *args, **kwargs)
+        self._agentrl_groups = None
+
+    def groups_for(self: Any, rows: int) -> TokenGroups | None:
+        groups = getattr(self, "_agentrl_groups", None)
+        if groups is None:
+            groups = self._agentrl_groups = group_tokens(self.token_lora_indices)
+        if groups.tokens == rows:
+            return groups
+        if not getattr(self, "_agentrl_warned", False):
+            self._agentrl_warned = True
+            _log.warning(
+                "agentrl: a LoRA layer got %d rows for a mapping of %d tokens; it uses vLLM's wrapper "
+                "methods (slower, not wrong) for such batches.",
+                rows,
+                groups.tokens,
+            )
+        return None
+
+    @functools.wraps(stock["add_shrink"])
+    def add_shrink(self: Any, y: Any, x: torch.Tensor, lora_a_stacked: Any, scale: float, **kwargs: Any) -> None:
+        x = x.view(-1, x.shape[-1])
+        groups = groups_for(self, x.shape[0])
+        if groups is None:
+            return stock["add_shrink"](self, y, x, lora_a_stacked, scale, **kwargs)
+        lora_shrink([y[i] for i in range(len(lora_a_stacked))], x, lora_a_stacked, scale, groups)
+        return None
+
+    @functools.wraps(stock["add_expand"])
+    def add_expand(
+        self: Any,
+        y: torch.Tensor,
+        x: Any,
+        lora_b_stacked: Any,
+        output_slices: Any,
+        offset_start: int = 0,
+        add_inputs: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        flat = y.view(-1, y.shape[-1])
+        groups = groups_for(self, flat.shape[0])
+        if groups is None:
+            return stock["add_expand"](self, y, x, lora_b_stacked, output_slices, offset_start, add_inputs, **kwargs)
+        buffers = [x[i] for i in range(len(lora_b_stacked))]
+        lora_expand(flat, buffers, lora_b_stacked, output_slices, offset_start, add_inputs, groups)
+        return None
+
+    return {"update_metadata": update_metadata, "add_shrink": add_shrink, "add_expand": add_expand}
+
+
+_WRAPPER_PARAMETERS = {
+    "update_metadata": ("self", "mapping", "lora_index_to_id", "max_loras", "vocab_size", "kwargs"),
+    "add_shrink": ("self", "y", "x", "lora_a_stacked", "scale", "kwargs"),
+    "add_expand": ("self", "y", "x", "lora_b_stacked", "output_slices", "offset_start", "add_inputs", "kwargs"),
+}
+"""The punica wrapper's methods the grouped ones replace, with the parameters they take."""
+
 REPLACED: dict[str, Any] = {}
 """vLLM's stock ops that :func:`patch_cpu_lora_ops` replaced, by name (tests compare against them)."""
 
@@ -226,7 +385,28 @@ def patch_cpu_lora_ops() -> str:
         for module in (lora_ops, torch_ops, punica_cpu):
             setattr(module, name, grouped)
     _log.info("agentrl: CPU LoRA ops replaced by grouped ones (one matmul per adapter; index -1 adds nothing).")
+    _patch_punica_wrapper(punica_cpu.PunicaWrapperCPU)
     return "agentrl's grouped ops"
+
+
+def _patch_punica_wrapper(wrapper: type) -> None:
+    """Replace the CPU punica wrapper's ``add_shrink`` and ``add_expand`` by ones that group the
+    tokens once per mapping, where its methods take the parameters they reproduce."""
+    stock = {name: getattr(wrapper, name, None) for name in _WRAPPER_PARAMETERS}
+    for name, expected in _WRAPPER_PARAMETERS.items():
+        found = tuple(inspect.signature(stock[name]).parameters) if callable(stock[name]) else None
+        if found != expected:
+            _log.warning(
+                "agentrl: vLLM's CPU punica wrapper method %s takes %s, expected %s; the stock method "
+                "calls the grouped ops once a slice (slower, not wrong).",
+                name,
+                found,
+                expected,
+            )
+            return
+    for name, method in _grouped_wrapper_methods(stock).items():  # type: ignore[arg-type]
+        REPLACED[f"PunicaWrapperCPU.{name}"] = stock[name]
+        setattr(wrapper, name, method)
 
 
 LORA_OPS = patch_cpu_lora_ops()
