@@ -222,6 +222,22 @@ def test_multi_policy_serving_quick_run_prints_its_table(capsys):
         assert row in out
 
 
+@pytest.mark.engine  # vLLM's CPU punica wrapper, with agentrl's replacements in place
+def test_lora_ops_quick_run_checks_the_three_ways_agree_and_prints_its_table(capsys):
+    head = (BENCHMARKS / "lora_ops.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/lora_ops.py --quick") for line in head)
+    assert load("lora_ops").main(["--quick"]) == 0  # raises if a way's output differs from stock's
+    out = capsys.readouterr().out
+    for row in ("stock", "grouped ops", "grouped wrapper", "base matmuls", "the three ways agree"):
+        assert row in out
+    from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
+
+    from agentrl.policies import vllm_worker
+
+    # The script swaps the wrapper's methods to time each way; what the engine runs is left in place.
+    assert PunicaWrapperCPU.add_shrink is not vllm_worker.REPLACED["PunicaWrapperCPU.add_shrink"]
+
+
 @pytest.mark.e2e
 def test_prompt_selection_quick_run_trains_a_step_with_pcl_on_vllm(tiny_model_dir, capsys):
     """One step of examples/hallway.yaml with PCL choosing its prompts, on vLLM and the tiny model
