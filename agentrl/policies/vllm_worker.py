@@ -20,7 +20,11 @@ The linear layers reach those ops through the CPU punica wrapper's ``add_shrink`
 adapters again. The wrapper's replacements group the tokens by adapter once per batch
 (:func:`group_tokens`, when vLLM gives the wrapper a new mapping) and keep the shrunk rows in that
 order between the two calls (:func:`lora_shrink`, :func:`lora_expand`), so that a layer costs one
-gather, one matmul per adapter and slice, and one scatter.
+gather, one matmul per adapter and slice, and one scatter. Where the adapters in a batch span few
+slots, ``add_lora_linear`` (which calls the two) is replaced too, by :func:`lora_linear_dense`: two
+matmuls a slice against every spanned adapter at once, the other adapters' columns masked to zero.
+At SmolLM2's shapes a step is bound by the number of calls, not by their FLOPs
+(``benchmarks/lora_ops.py``).
 """
 
 from __future__ import annotations
@@ -212,6 +216,11 @@ class TokenGroups:
         """Rows of a shrunk buffer that hold an adapter's token (the rest stay zero)."""
         return self.segments[-1][2] if self.segments else 0
 
+    @property
+    def span(self) -> int:
+        """Slots from the lowest to the highest adapter slot present (0 when no token has one)."""
+        return self.segments[-1][0] - self.segments[0][0] + 1 if self.segments else 0
+
 
 def group_tokens(indices: torch.Tensor) -> TokenGroups:
     """Group the tokens of ``indices`` (one adapter slot per token, -1 for none) by slot."""
@@ -279,6 +288,58 @@ def lora_expand(
                 target.index_fill_(0, groups.without, 0.0)
 
 
+DENSE_MAX_COLUMNS = 128
+"""The widest ``span * rank`` (adapter slots spanned by a batch, times the rank) that
+:func:`lora_linear_dense` serves; wider goes through the grouped ``add_shrink`` and ``add_expand``.
+Its matmuls spend ``span`` times a per-adapter LoRA's FLOPs: measured faster up to 8 slots of rank
+16 at SmolLM2's shapes (``benchmarks/lora_ops.py``)."""
+
+
+def slot_mask(indices: torch.Tensor, first: int, span: int, rank: int) -> torch.Tensor:
+    """``[tokens, span * rank]``: ones in the columns of each token's adapter (slot ``first + k``
+    owns columns ``k * rank`` to ``(k + 1) * rank``), zeros elsewhere and for a token with none."""
+    onehot = torch.zeros(indices.numel(), span)
+    tokens = ((indices >= first) & (indices < first + span)).nonzero().squeeze(1)
+    onehot[tokens, indices[tokens] - first] = 1.0
+    return onehot.repeat_interleave(rank, dim=1)
+
+
+def stacked_lora_b(b: torch.Tensor, first: int, span: int, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """Slots ``first`` to ``first + span`` of a stacked ``lora_b`` (``[slots, 1, out, rank]``) as one
+    ``[span * rank, size]`` matrix. Made once per version of ``b`` and kept on it: vLLM writes an
+    adapter into its slot in place, which bumps the tensor's version."""
+    kept = b.__dict__.setdefault("_agentrl_stacked", {})
+    key = (first, span, size, dtype)
+    if key not in kept or kept[key][0] != b._version:
+        rank = b.shape[-1]
+        matrix = b[first : first + span, 0, :size].to(dtype).permute(0, 2, 1).reshape(span * rank, size)
+        kept[key] = (b._version, matrix)
+    return kept[key][1]
+
+
+def lora_linear_dense(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    lora_a: Sequence[torch.Tensor],
+    lora_b: Sequence[torch.Tensor],
+    scale: float,
+    output_slices: Sequence[int],
+    mask: torch.Tensor,
+    first: int,
+) -> None:
+    """``y[:, slice i] += scale * x @ A_i[slot].T @ B_i[slot].T`` per token, every adapter of slots
+    ``first`` on at once: one matmul against their ``A`` stacked (a view), ``mask`` (:func:`slot_mask`)
+    zeroing the columns of the adapters a token does not use, one matmul against their ``B`` stacked.
+    A token with no adapter gets nothing added."""
+    x = x.to(mask.dtype)
+    span, offset = mask.shape[1] // lora_a[0].shape[2], 0
+    for a, b, size in zip(lora_a, lora_b, output_slices):
+        h = x @ a[first : first + span, 0].to(mask.dtype).reshape(mask.shape[1], -1).t()
+        h.mul_(mask if scale == 1.0 else mask * scale)
+        y[:, offset : offset + size].addmm_(h.to(y.dtype), stacked_lora_b(b, first, span, size, y.dtype))
+        offset += size
+
+
 def _grouped_wrapper_methods(stock: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
     """``PunicaWrapperCPU`` methods that group the batch's tokens once per mapping (see the module's
     docstring); a batch whose rows are not the mapping's tokens goes to the ``stock`` methods."""
@@ -286,7 +347,7 @@ def _grouped_wrapper_methods(stock: dict[str, Callable[..., Any]]) -> dict[str, 
     @functools.wraps(stock["update_metadata"])
     def update_metadata(self: Any, *args: Any, **kwargs: Any) -> None:
         stock["update_metadata"](self, *args, **kwargs)
-        self._agentrl_groups = None
+        self._agentrl_groups, self._agentrl_masks = None, {}
 
     def groups_for(self: Any, rows: int) -> TokenGroups | None:
         groups = getattr(self, "_agentrl_groups", None)
@@ -332,13 +393,56 @@ def _grouped_wrapper_methods(stock: dict[str, Callable[..., Any]]) -> dict[str, 
         lora_expand(flat, buffers, lora_b_stacked, output_slices, offset_start, add_inputs, groups)
         return None
 
-    return {"update_metadata": update_metadata, "add_shrink": add_shrink, "add_expand": add_expand}
+    @functools.wraps(stock["add_lora_linear"])
+    def add_lora_linear(
+        self: Any,
+        y: torch.Tensor,
+        x: torch.Tensor,
+        lora_a_stacked: Any,
+        lora_b_stacked: Any,
+        scale: float,
+        output_slices: Any,
+        *,
+        buffer: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        flat = x.view(-1, x.shape[-1])
+        groups, rank = groups_for(self, flat.shape[0]), lora_a_stacked[0].shape[2]
+        if groups is None or not groups.span or groups.span * rank > DENSE_MAX_COLUMNS:
+            return stock["add_lora_linear"](
+                self, y, x, lora_a_stacked, lora_b_stacked, scale, output_slices, buffer=buffer, **kwargs
+            )
+        masks = self.__dict__.setdefault("_agentrl_masks", {})
+        first = groups.segments[0][0]
+        if rank not in masks:
+            masks[rank] = slot_mask(self.token_lora_indices, first, groups.span, rank)
+        out = y.view(-1, y.shape[-1])
+        lora_linear_dense(out, flat, lora_a_stacked, lora_b_stacked, scale, output_slices, masks[rank], first)
+        return None
+
+    return {
+        "update_metadata": update_metadata,
+        "add_shrink": add_shrink,
+        "add_expand": add_expand,
+        "add_lora_linear": add_lora_linear,
+    }
 
 
 _WRAPPER_PARAMETERS = {
     "update_metadata": ("self", "mapping", "lora_index_to_id", "max_loras", "vocab_size", "kwargs"),
     "add_shrink": ("self", "y", "x", "lora_a_stacked", "scale", "kwargs"),
     "add_expand": ("self", "y", "x", "lora_b_stacked", "output_slices", "offset_start", "add_inputs", "kwargs"),
+    "add_lora_linear": (
+        "self",
+        "y",
+        "x",
+        "lora_a_stacked",
+        "lora_b_stacked",
+        "scale",
+        "output_slices",
+        "buffer",
+        "kwargs",
+    ),
 }
 """The punica wrapper's methods the grouped ones replace, with the parameters they take."""
 
