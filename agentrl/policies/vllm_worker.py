@@ -307,7 +307,8 @@ def slot_mask(indices: torch.Tensor, first: int, span: int, rank: int) -> torch.
 def stacked_lora_b(b: torch.Tensor, first: int, span: int, size: int, dtype: torch.dtype) -> torch.Tensor:
     """Slots ``first`` to ``first + span`` of a stacked ``lora_b`` (``[slots, 1, out, rank]``) as one
     ``[span * rank, size]`` matrix. Made once per version of ``b`` and kept on it: vLLM writes an
-    adapter into its slot in place, which bumps the tensor's version."""
+    adapter into its slot in place, which bumps the tensor's version. One is kept per range of slots
+    a batch has spanned (with N slots at most N(N+1)/2, each a copy of those slots' ``B``)."""
     kept = b.__dict__.setdefault("_agentrl_stacked", {})
     key = (first, span, size, dtype)
     if key not in kept or kept[key][0] != b._version:
