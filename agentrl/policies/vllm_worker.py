@@ -291,8 +291,9 @@ def lora_expand(
 DENSE_MAX_COLUMNS = 128
 """The widest ``span * rank`` (adapter slots spanned by a batch, times the rank) that
 :func:`lora_linear_dense` serves; wider goes through the grouped ``add_shrink`` and ``add_expand``.
-Its matmuls spend ``span`` times a per-adapter LoRA's FLOPs: measured faster up to 8 slots of rank
-16 at SmolLM2's shapes (``benchmarks/lora_ops.py``)."""
+Its matmuls spend ``span`` times a per-adapter LoRA's FLOPs: at SmolLM2's shapes it took 0.47-0.61x
+the grouped methods' time up to 128 columns (8 slots of rank 16) and 0.80-1.03x at 256, the break-even
+(``benchmarks/lora_ops.py``; AVX2, one thread)."""
 
 
 def slot_mask(indices: torch.Tensor, first: int, span: int, rank: int) -> torch.Tensor:
