@@ -83,7 +83,10 @@ def ways() -> dict[str, Callable[[], None]]:
 
     from agentrl.policies import vllm_worker
 
-    if vllm_worker.LORA_OPS != "agentrl's grouped ops" or "PunicaWrapperCPU.add_shrink" not in vllm_worker.REPLACED:
+    if (
+        vllm_worker.LORA_OPS != "agentrl's grouped ops"
+        or "PunicaWrapperCPU.add_lora_linear" not in vllm_worker.REPLACED
+    ):
         raise SystemExit(f"agentrl's CPU LoRA path is not in place on this vLLM ({vllm_worker.LORA_OPS}).")
     wrapper = punica_cpu.PunicaWrapperCPU
     methods = ("update_metadata", "add_shrink", "add_expand", "add_lora_linear")

@@ -235,7 +235,8 @@ def test_lora_ops_quick_run_checks_the_four_ways_agree_and_prints_its_table(caps
     from agentrl.policies import vllm_worker
 
     # The script swaps the wrapper's methods to time each way; what the engine runs is left in place.
-    assert PunicaWrapperCPU.add_shrink is not vllm_worker.REPLACED["PunicaWrapperCPU.add_shrink"]
+    for name in ("add_shrink", "add_expand", "add_lora_linear"):
+        assert getattr(PunicaWrapperCPU, name) is not vllm_worker.REPLACED[f"PunicaWrapperCPU.{name}"]
 
 
 @pytest.mark.e2e

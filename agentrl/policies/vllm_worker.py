@@ -434,18 +434,9 @@ _WRAPPER_PARAMETERS = {
     "update_metadata": ("self", "mapping", "lora_index_to_id", "max_loras", "vocab_size", "kwargs"),
     "add_shrink": ("self", "y", "x", "lora_a_stacked", "scale", "kwargs"),
     "add_expand": ("self", "y", "x", "lora_b_stacked", "output_slices", "offset_start", "add_inputs", "kwargs"),
-    "add_lora_linear": (
-        "self",
-        "y",
-        "x",
-        "lora_a_stacked",
-        "lora_b_stacked",
-        "scale",
-        "output_slices",
-        "buffer",
-        "kwargs",
-    ),
-}
+    "add_lora_linear": ("self", "y", "x", "lora_a_stacked", "lora_b_stacked", "scale", "output_slices", "buffer",
+                        "kwargs"),
+}  # fmt: skip
 """The punica wrapper's methods the grouped ones replace, with the parameters they take."""
 
 REPLACED: dict[str, Any] = {}
