@@ -66,9 +66,10 @@ def model_path(config: EngineConfig) -> str | None:
     return resolve_model(config.model)
 
 
-def make_policy(config: EngineConfig) -> Policy:
-    """The inference backend ``config.backend`` serving ``config.model``, in this process."""
-    return make_backend(config.backend, model_path(config), policy_options(config))
+def make_policy(config: EngineConfig, **options: Any) -> Policy:
+    """The inference backend ``config.backend`` serving ``config.model``, in this process;
+    ``options`` add to or override :func:`policy_options`."""
+    return make_backend(config.backend, model_path(config), {**policy_options(config), **options})
 
 
 def load_tokenizer(model: str) -> Any:

@@ -1,6 +1,7 @@
 """Policy backends on a tiny model built by a fixture: log-probs, versions, weight updates, rollouts."""
 
 import asyncio
+import os
 
 import pytest
 
@@ -289,3 +290,30 @@ def test_a_stamped_tensor_is_unchanged_until_written_or_freed():
     del merged
     assert before.storage.expired()  # so a new tensor given its memory is not taken for it
     assert not unchanged(before, stamp(torch.zeros(1000)))
+
+
+def test_a_lone_engine_gets_every_core_on_an_avx2_cpu_of_a_few_cores_unless_the_user_bound_it(monkeypatch):
+    from agentrl.policies import vllm
+
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("torch.backends.cpu.get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 0})
+    assert vllm.lone_engine_cores() == "0,3"
+    monkeypatch.setattr("torch.backends.cpu.get_cpu_capability", lambda: "AVX512")  # measured: little gain
+    assert vllm.lone_engine_cores() is None
+    monkeypatch.setattr("torch.backends.cpu.get_cpu_capability", lambda: "AVX2")
+    for cores in ({0}, set(range(8))):  # nothing to gain on one; one kept for the scheduler is little of 8
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cores=cores: cores)
+        assert vllm.lone_engine_cores() is None
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "auto")  # the user's binding, vLLM's own included
+    assert vllm.lone_engine_cores() is None
+    # The binding is set only while the engine starts.
+    with vllm._thread_binding("0,1"):
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0,1"
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "auto"
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND")
+    with vllm._thread_binding("1"):
+        assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in os.environ

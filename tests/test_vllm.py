@@ -4,6 +4,7 @@ serves the module; the tests that close or kill an engine start one of their own
 
 import asyncio
 import concurrent.futures
+import os
 import time
 
 import psutil
@@ -155,12 +156,17 @@ def _engine_cores() -> list[psutil.Process]:
 def test_an_update_sent_to_an_engine_core_that_then_dies_raises_engine_dead_error(tiny_model_dir):
     # vLLM leaves a collective_rpc waiting forever when its engine core dies after the call was
     # sent; `agentrl train` hung there when a core was killed during a weight update. An engine of
-    # its own: the test kills its core.
-    before = _engine_cores()
-    policy = VLLMPolicy(tiny_model_dir, max_model_len=1024, seed=0)
+    # its own: the test kills its core. It is also told its cores (the last one), which its worker
+    # runs on; the variable that tells vLLM so is set only while it starts.
+    before, binding = _engine_cores(), os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    last_core = max(os.sched_getaffinity(0))
+    policy = VLLMPolicy(tiny_model_dir, max_model_len=1024, seed=0, cpu_cores=str(last_core))
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
         (core,) = [p for p in _engine_cores() if p.pid not in {b.pid for b in before}]  # this policy's
+        assert os.environ.get("VLLM_CPU_OMP_THREADS_BIND") == binding
+        (worker,) = core.children()
+        assert {core for thread in worker.threads() for core in os.sched_getaffinity(thread.id)} == {last_core}
         weights = list(reference_model(tiny_model_dir).state_dict().items())
         core.suspend()  # the update is sent and waits for a reply
         update = pool.submit(policy.update_weights, weights)

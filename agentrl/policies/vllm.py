@@ -71,6 +71,10 @@ class VLLMPolicy:
     run in one engine step, each of rank at most ``max_lora_rank`` (vLLM accepts 1, 8, 16, 32, 64,
     128, 256, 320 or 512). The engine keeps twice as many loaded (``max_cpu_loras``), so a policy's
     old and new versions both fit during an update.
+
+    ``cpu_cores`` (``"0-1"``, ``"0,2"``): on the CPU, the cores the engine's worker binds its threads
+    to, as ``VLLM_CPU_OMP_THREADS_BIND`` says it, set only while this engine starts; None leaves the
+    binding to the environment (vLLM's own by default). See :func:`lone_engine_cores`.
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class VLLMPolicy:
         enforce_eager: bool = True,
         max_loras: int = 0,
         max_lora_rank: int = 16,
+        cpu_cores: str | None = None,
         **engine_args: Any,
     ):
         if max_loras < 0:
@@ -132,7 +137,8 @@ class VLLMPolicy:
         self.engine: Any = None
         self._shut = False  # close() ran: calls from now on raise EngineClosed
         try:
-            self.engine = self._call(self._start_engine())
+            with _thread_binding(cpu_cores):  # its processes take the environment when they start
+                self.engine = self._call(self._start_engine())
         except BaseException:
             self._stop_loop()
             raise
@@ -421,6 +427,52 @@ async def _shut_down(engine: Any) -> None:
     for task in others:
         task.cancel()
     await asyncio.gather(*others, return_exceptions=True)
+
+
+_LONE_ENGINE_MAX_CORES = 4
+"""Up to this many cores, vLLM's one core kept for its scheduler is a quarter or more of the machine."""
+
+
+def lone_engine_cores() -> str | None:
+    """``cpu_cores`` for a run's only engine: every core this process may use, where that is
+    measured to help; None elsewhere (the binding is left to the environment).
+
+    vLLM binds a CPU engine's worker threads to the cores of the first NUMA node less one, which
+    it keeps for the engine's scheduler process. On a small machine that is much of the machine:
+    on 2 cores the worker decodes on one. On an AMD EPYC with AVX2 and no AVX-512 (2 cores), the
+    quickstart's engine on both cores ran its evaluations in 30-37 s against 52-68 s and its steps
+    no slower; on an Intel Xeon with AVX-512 and AMX the gain was small and one pair of runs had
+    the trainer's steps slower (docs/performance.md). So: a CPU whose best kernels are AVX2
+    (torch's ``get_cpu_capability``, which ``ATEN_CPU_CAPABILITY`` can lower), 2 to
+    :data:`_LONE_ENGINE_MAX_CORES` cores, no GPU, and no ``VLLM_CPU_OMP_THREADS_BIND`` of the
+    user's (``auto`` is vLLM's own binding).
+    """
+    import torch
+
+    if "VLLM_CPU_OMP_THREADS_BIND" in os.environ or torch.cuda.is_available():
+        return None
+    cores = sorted(os.sched_getaffinity(0))
+    if torch.backends.cpu.get_cpu_capability() != "AVX2" or not 2 <= len(cores) <= _LONE_ENGINE_MAX_CORES:
+        return None
+    return ",".join(str(core) for core in cores)
+
+
+@contextlib.contextmanager
+def _thread_binding(cores: str | None) -> Iterator[None]:
+    """``VLLM_CPU_OMP_THREADS_BIND`` set to ``cores`` for the block (as it was before after it);
+    nothing when ``cores`` is None."""
+    if cores is None:
+        yield
+        return
+    before = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cores
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["VLLM_CPU_OMP_THREADS_BIND"]
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = before
 
 
 _LAYER = re.compile(r"^(.*?\.\d+)\.")

@@ -31,6 +31,7 @@ from agentrl.model_paths import resolve_model
 from agentrl.policies import Policy
 from agentrl.policies import make_policy as make_backend
 from agentrl.policies.supervisor import EngineSupervisor
+from agentrl.policies.vllm import lone_engine_cores
 from agentrl.rollout import RolloutSettings
 from agentrl.rollout.protocol import Rollout
 from agentrl.train.config import PolicyConfig, TrainConfig
@@ -72,6 +73,8 @@ class Serving:
             raise ValueError(
                 "train(policy=...) trains through your engine; a run with a cluster section starts its own."
             )
+        self.lone_cores = self._lone_engine_cores(engines=len(full) + bool(lora))
+        """The cores of the run's one local CPU vLLM engine (``cpu_cores``), or None: the environment's binding."""
         try:
             if lora:
                 self.host = lent if lent is not None else self._start_host(lora)
@@ -91,6 +94,21 @@ class Serving:
 
     # --- set-up ------------------------------------------------------------------------------
 
+    def _lone_engine_cores(self, engines: int) -> str | None:
+        """Every core for the engine of a run that starts one vLLM engine, in this process, where
+        that helps (:func:`~agentrl.policies.vllm.lone_engine_cores`); its replacements get them too."""
+        config = self.config
+        alone = engines == 1 and self.lent is None and not config.rollout.ray_address and not config.cluster.enabled
+        if not alone or config.rollout.backend != "vllm":
+            return None
+        cores = lone_engine_cores()
+        if cores is not None:
+            log.info(
+                "the engine's threads bound to cores %s, all of them (VLLM_CPU_OMP_THREADS_BIND=auto keeps vLLM's "
+                "binding, which leaves one to its scheduler)", cores,
+            )  # fmt: skip
+        return cores
+
     def _start_host(self, lora: list[str]) -> Policy:
         rollout = self.config.rollout
         if rollout.ray_address:
@@ -101,6 +119,7 @@ class Serving:
             )
         options = policy_options(rollout)
         if rollout.backend == "vllm":
+            options.update(cpu_cores=self.lone_cores)
             ranks = [self.settings[p].lora_rank for p in lora]
             options.update(max_loras=max(len(lora), 1), max_lora_rank=vllm_lora_rank(max(ranks)))
         start = functools.partial(make_backend, rollout.backend, self.base_path, options)
@@ -115,7 +134,7 @@ class Serving:
         start: Callable[[], Policy] = (
             functools.partial(self.ray.policy, rollout, self.model_path(policy_id), policy_id)
             if rollout.ray_address
-            else functools.partial(make_policy, rollout)
+            else functools.partial(make_policy, rollout, **({"cpu_cores": self.lone_cores} if self.lone_cores else {}))
         )
         return EngineSupervisor(start, max_restarts=self.config.max_engine_restarts)
 
