@@ -23,7 +23,7 @@ from agentrl.dashboard.records import read_trajectories, sample_kind
 from agentrl.run import rollout
 from agentrl.server import ServerThread
 from agentrl.testing import ScriptedPolicy, headless_chromium
-from agentrl.train import TrainConfig, train
+from agentrl.train import Progress, TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("AGENTRL_TEST_ARTIFACTS", ROOT / "test-artifacts"))
@@ -212,10 +212,21 @@ def test_the_page_follows_a_run_as_it_trains_and_shows_its_trajectories(
 ):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     run_dir = tmp_path / "live"
+    # The run waits after its second step until the page has drawn what it has: on a busy machine
+    # the page could otherwise first draw the chart after the last step, with nothing left to follow.
+    drawn, steps = threading.Event(), itertools.count(1)
+
+    def wait_after_step_2(info: dict) -> None:
+        if info and next(steps) == 2:
+            drawn.wait(timeout=120)
+
     job = threading.Thread(
         target=train,
         # probe_every=0: the scripted policy's log-probs are made up, and a probe would end the run at step 10
-        args=(config(tiny_model_dir, run_dir, "steps=10", "eval_every=0", "eval_episodes=0", "probe_every=0"),),
+        args=(
+            config(tiny_model_dir, run_dir, "steps=10", "eval_every=0", "eval_episodes=0", "probe_every=0"),
+            Progress(on_advance=wait_after_step_2),
+        ),
         kwargs={"policy": scripted(tiny_tokenizer, delay=0.3)}, daemon=True,
     )  # fmt: skip
     with ServerThread(make_dashboard([run_dir])) as url:
@@ -224,6 +235,8 @@ def test_the_page_follows_a_run_as_it_trains_and_shows_its_trajectories(
         job.start()
         chart = "document.querySelector('[data-metric=\"train/loss\"]')"
         seen = wait_for(browser, f"return {chart} && {chart}.data[0].x.length")
+        assert seen <= 2
+        drawn.set()
         grown = wait_for(browser, f"return {chart}.data[0].x.length > {seen} && {chart}.data[0].x.length")
         assert grown > seen  # new points arrived without a reload
         browser.save_screenshot(str(ARTIFACTS / "dashboard-metrics.png"))
