@@ -350,3 +350,14 @@ def test_scale_sim_quick_run_prints_cpu_per_turn_at_two_scales():
     rows = re.findall(r"^ +(16|256) +(\d+) +(\d+) ", run.stdout, flags=re.M)
     assert [(n, int(episodes), int(turns)) for n, episodes, turns in rows] == [("16", 64, 256), ("256", 256, 1024)]
     assert "CPU per turn within" in run.stdout
+
+
+def test_waltz_revisions_quick_run_prints_each_feedback_wording(capsys):
+    """The default model (transformers) on 8 training prompts: the first answers, then each flawed
+    one revised under each wording."""
+    head = (BENCHMARKS / "waltz_revisions.py").read_text().splitlines()[:6]
+    assert any(line.strip().startswith("python benchmarks/waltz_revisions.py --quick") for line in head)
+    assert load("waltz_revisions").main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "first answers" in out and "revisions fine" in out
+    assert re.search(r"of 4 benign lack the fact, \d+ of 4 harmful leak", out)

@@ -118,6 +118,8 @@ def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_
         "waltz-table", str(config), *small, "--episodes", "4", "--prompts", "builtin", "--prompts", public,
         "--compare", f"again={run_dir}",
     )  # fmt: skip
+    # the single-model RL baseline's training shows a line per step on stderr, as agentrl train's
+    assert re.search(r"\] training \(2 steps\)\n.*\] step 1/2 .*\n.*\] step 2/2 ", out.stderr), out.stderr[-3000:]
     out = out.stdout
     assert "WaltzRL (after stage 2)" in out and "single-model RL" in out and "WaltzRL (again)" in out, out
     assert "(builtin prompts)" in out and f"({public} prompts)" in out, out
@@ -177,10 +179,10 @@ def test_the_explain_example_trains_with_jepo_and_reports_the_reference_likeliho
 
 
 def _agentrl(*args: str) -> SimpleNamespace:
-    """``agentrl ARGS`` through typer's CliRunner, checked to exit 0; its ``stdout``."""
+    """``agentrl ARGS`` through typer's CliRunner, checked to exit 0; its ``stdout`` and ``stderr``."""
     result = CliRunner().invoke(app, list(args), catch_exceptions=False)
     assert result.exit_code == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return SimpleNamespace(stdout=result.stdout)
+    return SimpleNamespace(stdout=result.stdout, stderr=result.stderr)
 
 
 def _train(config: Path, overrides: list[str]) -> SimpleNamespace:

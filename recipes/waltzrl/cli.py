@@ -6,6 +6,7 @@ The recipe adds the command to ``agentrl`` through the ``agentrl.commands`` entr
 from __future__ import annotations
 
 import os
+import sys
 from typing import Annotated, Any
 
 import typer
@@ -48,6 +49,7 @@ def waltz_table_command(
     every episode played to <run_dir>/waltz_table_episodes.jsonl.
     """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from agentrl.cli.progress import LineProgress  # agentrl.cli loads this module's commands: not at import
     from agentrl.config import load_config
     from agentrl.recipes.waltzrl.evaluate import waltz_table
     from agentrl.train import TrainConfig  # torch: not for `agentrl --help`
@@ -61,14 +63,16 @@ def waltz_table_command(
         others[name.strip()] = run_dir.strip()
     # wide enough for the seven columns, also when written to a file or a pipe (rich's default is 80)
     console, err = Console(highlight=False, width=max(Console().width, 200)), Console(stderr=True, highlight=False)
-    tables = waltz_table(
-        settings,
-        episodes,
-        prompts=prompts or ["builtin"],
-        train_baseline=train_baseline,
-        compare=others,
-        on_phase=lambda name: err.print(f"[bold]{name}[/]"),
-    )
+    with LineProgress(sys.stderr) as baseline:  # the baseline's training: a line per step, as agentrl train
+        tables = waltz_table(
+            settings,
+            episodes,
+            prompts=prompts or ["builtin"],
+            train_baseline=train_baseline,
+            compare=others,
+            on_phase=lambda name: err.print(f"[bold]{name}[/]"),
+            progress=baseline.hooks(),
+        )
     for prompt_set, table in tables.items():
         title = (
             f"WaltzRL on {settings.rollout.env_id} ({prompt_set} prompts) · {settings.rollout.model} · "

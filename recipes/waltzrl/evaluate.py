@@ -71,6 +71,7 @@ def waltz_table(
     train_baseline: bool = True,
     compare: Mapping[str, str | Path] | None = None,
     on_phase: Callable[[str], None] = lambda name: None,
+    progress: Any = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Play the five configurations on the same ``episodes`` held-out prompts (``draw: cycle``) of
     each evaluation set in ``prompts`` (``builtin``, a public set, several joined by ``+``, a JSONL
@@ -83,7 +84,8 @@ def waltz_table(
     exported adapters (``agentrl train`` writes them). With ``train_baseline``, the single-model RL
     baseline is trained first unless ``<run_dir>-single/model`` exists. ``compare`` adds a row per
     other WaltzRL run, ``{name: run_dir}`` (the recipe with and without its warm start, say): its
-    adapters played on the same prompts, as configuration ``waltzrl:<name>``.
+    adapters played on the same prompts, as configuration ``waltzrl:<name>``. ``progress`` (an
+    :class:`agentrl.train.Progress`) follows the baseline's training, step by step.
     """
     from agentrl.build import policy_options  # torch, vllm: lazily
     from agentrl.model_paths import resolve_model
@@ -105,7 +107,7 @@ def waltz_table(
         if not train_baseline:
             raise FileNotFoundError(f"no single-model RL baseline in {single_dir}; train it, or pass train_baseline.")
         on_phase(f"training the single-model RL baseline ({single.stages[0].steps} steps) into {single.run_dir}")
-        train(single)
+        train(single, progress)
 
     rollout = config.rollout
     options = policy_options(rollout)
