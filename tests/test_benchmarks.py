@@ -361,3 +361,4 @@ def test_waltz_revisions_quick_run_prints_each_feedback_wording(capsys):
     out = capsys.readouterr().out
     assert "first answers" in out and "revisions fine" in out
     assert re.search(r"of 4 benign lack the fact, \d+ of 4 harmful leak", out)
+    assert re.search(r"over-refusal +teacher +\d+/\d", out), out  # the untrained model rarely gives the fact

@@ -17,11 +17,14 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentrl.envs.waltz.metrics import COLUMNS, as_json, records_of, waltz_metrics
 from agentrl.envs.waltz.public_sets import PUBLIC_SETS
 from agentrl.types import Trajectory
+
+if TYPE_CHECKING:
+    from agentrl.train import Progress  # torch: not at import
 
 CONFIGURATIONS: dict[str, str] = {
     "conversation_alone": "conversation agent alone",
@@ -71,7 +74,7 @@ def waltz_table(
     train_baseline: bool = True,
     compare: Mapping[str, str | Path] | None = None,
     on_phase: Callable[[str], None] = lambda name: None,
-    progress: Any = None,
+    progress: Progress | None = None,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """Play the five configurations on the same ``episodes`` held-out prompts (``draw: cycle``) of
     each evaluation set in ``prompts`` (``builtin``, a public set, several joined by ``+``, a JSONL
