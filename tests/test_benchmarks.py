@@ -352,12 +352,13 @@ def test_scale_sim_quick_run_prints_cpu_per_turn_at_two_scales():
     assert "CPU per turn within" in run.stdout
 
 
+@pytest.mark.timeout(300)  # transformers' generate on the CPU: 70 s beside a training run, more beside the suite
 def test_waltz_revisions_quick_run_prints_each_feedback_wording(capsys):
-    """The default model (transformers) on 8 training prompts: the first answers, then each flawed
-    one revised under each wording."""
+    """The default model (transformers, one thread, as each xdist worker has) on 8 training prompts:
+    the first answers, then each flawed one revised under each wording."""
     head = (BENCHMARKS / "waltz_revisions.py").read_text().splitlines()[:6]
     assert any(line.strip().startswith("python benchmarks/waltz_revisions.py --quick") for line in head)
-    assert load("waltz_revisions").main(["--quick"]) == 0
+    assert load("waltz_revisions").main(["--quick", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert "first answers" in out and "revisions fine" in out
     assert re.search(r"of 4 benign lack the fact, \d+ of 4 harmful leak", out)
