@@ -68,7 +68,7 @@ def test_filtering_gives_up_after_max_filtered_when_nothing_has_signal(tiny_mode
     config = _config(tiny_model_dir, tmp_path / "run", "curriculum.selection=filter", "curriculum.max_filtered=3")
     result = train(config, policy=uniform)
     steps = _steps(result.run_dir)
-    assert result.steps == 3 and all(m["train/filtered_groups"] <= 3 + 2 for m in steps)
+    assert result.steps == 3 and [m["train/filtered_groups"] for m in steps] == [3.0, 3.0, 3.0]  # max_filtered, no more
     assert all(m["train/effective_group_fraction"] == 0.0 for m in steps)
 
 

@@ -415,25 +415,26 @@ class Controller:
                 await lane.buffer.wait(timeout=1.0)
             elif len(groups) < need:
                 groups += await lane.buffer.get(need - len(groups), timeout=1.0)
-            if lane.filtered - filtered_before < self.config.curriculum.max_filtered:
-                groups = self._filter(lane, groups)
+            groups = self._filter(lane, groups, self.config.curriculum.max_filtered - (lane.filtered - filtered_before))
             async with self.changed:  # groups filtered out free room for replacements
                 self.changed.notify_all()
         for group in groups:
             lane.start_versions.pop(self.numbers[group[0].group_id], None)
         return groups
 
-    def _filter(self, lane: Lane, groups: list[list[Trajectory]]) -> list[list[Trajectory]]:
+    def _filter(self, lane: Lane, groups: list[list[Trajectory]], budget: int) -> list[list[Trajectory]]:
         """``curriculum.selection: filter``: ``groups`` without those whose rewards are all equal
-        (GRPO gets no signal from them), which are counted and give their places to new groups."""
+        (GRPO gets no signal from them), at most ``budget`` of them (the step's ``max_filtered`` not
+        yet used), which are counted and give their places to new groups."""
         if self.config.curriculum.selection != "filter":
             return groups
         kept = []
         for group in groups:
-            if len({t.reward for t in group}) > 1:
-                kept.append(group)
-            else:
+            if budget > 0 and len({t.reward for t in group}) == 1:
                 lane.drop_filtered(self.numbers[group[0].group_id])
+                budget -= 1
+            else:
+                kept.append(group)
         return kept
 
     def _required(self, lane: Lane) -> list[tuple[list[str], int]]:
