@@ -517,6 +517,40 @@ def test_rollout_plays_a_multi_agent_env_with_one_policy(tiny_model_dir, tmp_pat
     assert "episodes" in result.output and len(out.read_text().splitlines()) == 4  # one trajectory per agent
 
 
+class LosesItsBackendOnce(AgentEnv):
+    """Say b; the first and third episodes to start lose their backend, as a sandbox's would."""
+
+    started = 0
+
+    def __init__(self, split: str = "train"):
+        super().__init__(max_turns=1)
+
+    def start(self, options: dict | None) -> list[Message]:
+        number, LosesItsBackendOnce.started = LosesItsBackendOnce.started, LosesItsBackendOnce.started + 1
+        if number in (0, 2):
+            raise ConnectionError("the sandbox backend does not answer")
+        return [Message("user", "Say b")]
+
+    def respond(self, reply: Message) -> Feedback:
+        return Feedback([], reward=1.0, terminated=True)
+
+
+def test_rollout_counts_the_episodes_played_again_after_a_fault(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(LosesItsBackendOnce, "started", 0)
+    if "tests/LosesItsBackendOnce-v0" not in agentrl.registered_ids():
+        agentrl.register("tests/LosesItsBackendOnce-v0", entry_point=LosesItsBackendOnce)
+    result = runner.invoke(
+        app,
+        ["rollout", "tests/LosesItsBackendOnce-v0", "--backend", "hf", "--model", str(tiny_model_dir),
+         "--episodes", "3", "concurrency=1", "max_tokens=2"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = {" ".join(line.strip("│ ").split("│")[0].split()): line.split("│")[-2].strip()
+            for line in result.output.splitlines() if line.startswith("│")}  # fmt: skip
+    assert rows["episodes"] == "3" and rows["failures"] == "0 (none)"
+    assert rows["played again after a fault"] == "2"
+
+
 # --- agentrl train's summary ------------------------------------------------------------------
 
 

@@ -74,12 +74,13 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
     from agentrl.run import rollout  # torch and transformers: not for `agentrl --help` or a typo
 
     total = config.episodes + config.redundancy * (config.episodes // config.group_size)
-    played = failed = 0
+    played = failed = retried = 0
 
     def count(episode: list[Any]) -> str:
-        nonlocal played, failed
+        nonlocal played, failed, retried
         played += 1
         failed += any(t.error is not None for t in episode)
+        retried += bool(episode) and bool(episode[0].info.get("retried"))  # every agent's trajectory says so
         return f"failed {failed}"
 
     if not sys.stdout.isatty():  # a file, a pipe, CI: a line at the start and at every tenth
@@ -103,7 +104,7 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
                 progress.update(task, advance=1, status=status)
 
             trajectories, stats = rollout(config, on_episode=advance)  # no model, no server: CleanErrors
-    _print_rollout_summary(config, stats, played, failed)
+    _print_rollout_summary(config, stats, played, failed, retried)
     if any(t.reference_ids for t in trajectories):  # an env graded by likelihood: how likely the model finds them
         _print_reference_scores(config, trajectories)
     for report in eval_reports(config.env_id, trajectories):  # what the env's package adds (Waltz: ASR, ORR, ...)
@@ -112,9 +113,10 @@ def _run_rollout(env_id: str, overrides: list[str], config_path: str | None, **o
         console.print(f"wrote {len(trajectories)} trajectories to {escape(config.out)}")
 
 
-def _print_rollout_summary(config: Any, stats: Any, episodes: int, failed: int) -> None:
-    """The table of a rollout: ``episodes`` played (``failed`` of them with an error); the rest is
-    over trajectories, of which a multi-agent episode has one per agent."""
+def _print_rollout_summary(config: Any, stats: Any, episodes: int, failed: int, retried: int) -> None:
+    """The table of a rollout: ``episodes`` played (``failed`` of them with an error in the end,
+    ``retried`` of them played again after an infrastructure fault, ``episode_retries`` times at
+    most); the rest is over trajectories, of which a multi-agent episode has one per agent."""
     summary = stats.summary()
     table = Table(
         title=f"{config.env_id} · {config.model} · {config.backend} · split {config.split}", title_justify="left"
@@ -130,6 +132,7 @@ def _print_rollout_summary(config: Any, stats: Any, episodes: int, failed: int) 
     table.add_row("truncated", str(stats.truncated))
     causes = ", ".join(f"{cause} {n}" for cause, n in stats.failure_causes.most_common()) or "none"
     table.add_row("failures", f"{failed} ({causes})")
+    table.add_row("played again after a fault", str(retried))
     table.add_row("generated tokens", str(stats.generated_tokens))
     table.add_row("tokens/s", f"{summary['perf/rollout_tokens_per_s']:.1f}")
     table.add_row("seconds", f"{stats.seconds:.1f}")
