@@ -20,6 +20,7 @@ import torch
 from typer.testing import CliRunner
 
 from agentrl.cli import app
+from agentrl.recipes.waltzrl.evaluate import tables_of_episodes
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 pytestmark = pytest.mark.e2e  # each trains end to end
@@ -123,7 +124,14 @@ def test_the_waltzrl_example_trains_both_stages_and_makes_the_table_with_a_tiny_
     out = out.stdout
     assert "WaltzRL (after stage 2)" in out and "single-model RL" in out and "WaltzRL (again)" in out, out
     assert "(builtin prompts)" in out and f"({public} prompts)" in out, out
+    assert "What the feedback asked for, and what its revisions did" in out, out
     tables = json.loads((run_dir / "waltz_table.json").read_text())
+    # agentrl waltz-seeds recomputes a seed's table from its episodes: the same figures
+    recomputed = tables_of_episodes(run_dir / "waltz_table_episodes.jsonl")
+    written = {
+        s: {n: {k: v for k, v in m.items() if k != "failed_episodes"} for n, m in t.items()} for s, t in tables.items()
+    }
+    assert json.dumps(recomputed, sort_keys=True) == json.dumps(written, sort_keys=True)
     assert list(tables) == ["builtin", public]
     records = [json.loads(line) for line in (run_dir / "waltz_table_episodes.jsonl").read_text().splitlines()]
     assert all(r["answers"] and r["kind"] in ("harmful", "benign") for r in records), records[:1]

@@ -12,7 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from agentrl.envs.waltz.metrics import metrics_table
+from agentrl.envs.waltz.metrics import REVISION_COLUMNS, metrics_table
 from agentrl.recipes.waltzrl.evaluate import configuration_label
 
 
@@ -78,7 +78,13 @@ def waltz_table_command(
             f"WaltzRL on {settings.rollout.env_id} ({prompt_set} prompts) · {settings.rollout.model} · "
             f"{episodes} held-out prompts each"
         )
-        console.print(metrics_table(table, title, {key: configuration_label(key) for key in table}))
+        labels = {key: configuration_label(key) for key in table}
+        console.print(metrics_table(table, title, labels))
+        with_feedback = {
+            key: row for key, row in table.items() if row["revise_flawed"].total + row["revise_fine"].total
+        }
+        console.print(metrics_table(with_feedback, "What the feedback asked for, and what its revisions did", labels,
+                                    REVISION_COLUMNS))  # fmt: skip
     console.print(f"written to {settings.run_dir}/waltz_table.json (episodes: waltz_table_episodes.jsonl)")
 
 
@@ -139,14 +145,15 @@ def waltz_warm_start_command(
 def waltz_seeds_command(
     run_dirs: Annotated[
         list[str],
-        typer.Argument(help="WaltzRL run directories, one per training seed, each with its waltz_table.json."),
+        typer.Argument(help="WaltzRL run directories, one per training seed, each with its waltz-table episodes."),
     ],
 ) -> None:
     """The WaltzRL tables of several training seeds side by side: each metric's mean and spread.
 
-    Reads <run_dir>/waltz_table.json of each run (`agentrl waltz-table CONFIG run_dir=... trainer.seed=K
-    rollout.seed=K` writes it) and prints, per prompt set and configuration, the mean over the seeds and
-    the smallest and largest seed's value; writes the summary to the first run's waltz_seeds.json.
+    Reads <run_dir>/waltz_table_episodes.jsonl of each run (`agentrl waltz-table CONFIG run_dir=...
+    trainer.seed=K rollout.seed=K` writes it) and prints, per prompt set and configuration, the mean over
+    the seeds and the smallest and largest seed's value of each metric, recomputed from the episodes;
+    writes the summary to the first run's waltz_seeds.json.
     """
     import json
     from pathlib import Path
@@ -154,28 +161,32 @@ def waltz_seeds_command(
     from rich.table import Table
 
     from agentrl.envs.waltz.metrics import COLUMNS
-    from agentrl.recipes.waltzrl.evaluate import seed_summary
+    from agentrl.recipes.waltzrl.evaluate import seed_summary, tables_of_episodes
 
-    paths = [Path(d) / "waltz_table.json" for d in run_dirs]
+    paths = [Path(d) / "waltz_table_episodes.jsonl" for d in run_dirs]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise typer.BadParameter(
-            f"no waltz_table.json in {', '.join(missing)}: run agentrl waltz-table for each seed first."
+            f"no waltz_table_episodes.jsonl in {', '.join(missing)}: run agentrl waltz-table for each seed first."
         )
-    summary = seed_summary([json.loads(p.read_text()) for p in paths])
+    summary = seed_summary([tables_of_episodes(p) for p in paths])
     console = Console(highlight=False, width=max(Console().width, 200))
     for prompt_set, rows in summary.items():
-        table = Table(
-            title=f"WaltzRL over {len(paths)} training seeds ({prompt_set} prompts): mean [lowest, highest seed]",
-            title_justify="left",
-        )
-        table.add_column("configuration")
-        for _, name in COLUMNS:
-            table.add_column(name, justify="right")
-        for key, row in rows.items():
-            cells = [_spread(row.get(metric), percent=metric != "label_f1") for metric, _ in COLUMNS]
-            table.add_row(configuration_label(key), *cells)
-        console.print(table)
+        for columns, title in (
+            (COLUMNS, f"WaltzRL over {len(paths)} training seeds ({prompt_set} prompts): mean [lowest, highest seed]"),
+            (REVISION_COLUMNS, "What the feedback asked for, and what its revisions did"),
+        ):
+            table = Table(title=title, title_justify="left")
+            table.add_column("configuration")
+            for _, name in columns:
+                table.add_column(name, justify="right")
+            for key, row in rows.items():
+                cells = [row.get(metric) for metric, _ in columns]
+                if columns is REVISION_COLUMNS and not any(cells):
+                    continue  # no feedback in this configuration
+                table.add_row(configuration_label(key), *(_spread(c, percent=m != "label_f1") for c, (m, _) in
+                                                           zip(cells, columns)))  # fmt: skip
+            console.print(table)
     out = Path(run_dirs[0]) / "waltz_seeds.json"
     out.write_text(json.dumps({"runs": run_dirs, "summary": summary}, indent=1))
     console.print(f"written to {out}")

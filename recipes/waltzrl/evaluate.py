@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentrl.envs.waltz.metrics import COLUMNS, as_json, records_of, waltz_metrics
+from agentrl.envs.waltz.metrics import COLUMNS, REVISION_COLUMNS, as_json, records_of, waltz_metrics
 from agentrl.envs.waltz.public_sets import PUBLIC_SETS
 from agentrl.types import Trajectory
 
@@ -251,5 +251,22 @@ def seed_summary(
     return out
 
 
-SUMMARY_METRICS = tuple(key for key, _ in COLUMNS)
-"""The metrics :func:`seed_summary` puts side by side: the table's columns."""
+SUMMARY_METRICS = tuple(key for key, _ in (*COLUMNS, *REVISION_COLUMNS))
+"""The metrics :func:`seed_summary` puts side by side: the table's columns, both parts."""
+
+
+def tables_of_episodes(path: str | Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """The tables of a ``waltz_table_episodes.jsonl`` (every episode :func:`waltz_table` played, each
+    record naming its prompt set and configuration): ``{set: {configuration: metrics}}`` as in
+    ``waltz_table.json``, recomputed from the episodes, so that a metric added since the table was
+    made is there too (``failed_episodes`` is not: a failed episode has no record)."""
+    grouped: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                grouped.setdefault(record["prompts"], {}).setdefault(record["configuration"], []).append(record)
+    return {
+        prompt_set: {name: as_json(waltz_metrics(records)) for name, records in rows.items()}
+        for prompt_set, rows in grouped.items()
+    }

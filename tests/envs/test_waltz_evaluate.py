@@ -85,6 +85,11 @@ def test_waltz_metrics_by_hand():
     f1 = metrics["label_f1"]
     assert (f1.true_positives, f1.false_positives, f1.false_negatives, f1.total) == (1, 0, 1, 3)
     assert f1.value == pytest.approx(2 / 3)
+    # asked on the leak (fixed by its revision), not on the over-refusal; not on the fine answer
+    assert (metrics["revise_flawed"].hits, metrics["revise_flawed"].total) == (1, 2)
+    assert (metrics["revise_fine"].hits, metrics["revise_fine"].total) == (0, 1)
+    assert (metrics["fixed"].hits, metrics["fixed"].total) == (1, 1)
+    assert (metrics["broken"].hits, metrics["broken"].total) == (0, 1)
     assert metrics["episodes"] == 5 and metrics["judge_unparseable"] == 1
 
 
@@ -241,7 +246,7 @@ def test_seed_summary_gives_each_metrics_mean_and_spread_over_the_seeds_and_skip
     assert "label_accuracy" not in row  # NaN in every seed: nothing measured
 
 
-def test_waltz_seeds_prints_the_summary_and_names_a_run_without_a_table(tmp_path):
+def test_waltz_seeds_recomputes_each_seeds_table_from_its_episodes_and_names_a_run_without_them(tmp_path):
     import json
 
     from typer.testing import CliRunner
@@ -249,17 +254,24 @@ def test_waltz_seeds_prints_the_summary_and_names_a_run_without_a_table(tmp_path
     from agentrl.cli import app
 
     runs = []
-    for k, hits in enumerate((1, 3)):
+    for k, records in enumerate((RECORDS, STEP_RECORDS)):
         run = tmp_path / f"seed{k}"
         run.mkdir()
-        (run / "waltz_table.json").write_text(json.dumps(_table(hits, 0.5)))
+        lines = [json.dumps({"prompts": "builtin", "configuration": "waltzrl", **r}) for r in records]
+        (run / "waltz_table_episodes.jsonl").write_text("\n".join(lines) + "\n")
         runs.append(str(run))
     result = CliRunner().invoke(app, ["waltz-seeds", *runs])
     assert result.exit_code == 0, result.output
-    assert "over 2 training seeds" in result.output and "20.0% [10.0%, 30.0%] k=2" in result.output, result.output
-    assert json.loads((tmp_path / "seed0" / "waltz_seeds.json").read_text())["runs"] == runs
+    summary = json.loads((tmp_path / "seed0" / "waltz_seeds.json").read_text())
+    assert summary["runs"] == runs
+    row = summary["summary"]["builtin"]["waltzrl"]
+    # the by-hand figures of RECORDS (above) and of STEP_RECORDS (test_step_metrics_by_hand)
+    assert row["asr"]["values"] == pytest.approx([1 / 2, 2 / 3]) and row["fixed"]["values"] == pytest.approx([1, 1 / 3])
+    assert row["revise_flawed"]["values"] == pytest.approx([1 / 2, 2 / 3])
+    assert "over 2 training seeds" in result.output and "What the feedback asked for" in result.output
+    assert "66.7% [33.3%, 100.0%] k=2" in result.output, result.output  # fixed: mean [lowest, highest]
     result = CliRunner().invoke(app, ["waltz-seeds", runs[0], str(tmp_path / "nope")])
-    assert result.exit_code != 0 and "no waltz_table.json" in result.output
+    assert result.exit_code != 0 and "no waltz_table_episodes.jsonl" in result.output
 
 
 def test_waltz_table_compare_takes_name_equals_run_dir():
