@@ -145,6 +145,7 @@ def waltz_table(
                 on_phase(f"evaluating on {prompt_set}: {configuration_label(name)} ({episodes} held-out prompts)")
                 env_kwargs = {**evaluation_kwargs(rollout.env_kwargs, prompt_set), "feedback": mode}
                 trajectories, failed = play(config, conversation, feedback, env_kwargs, episodes)
+                check_engine(trajectories, f"{configuration_label(name)} on {prompt_set}", single.run_dir)
                 records = records_of(trajectories)
                 episodes_out.extend({"prompts": prompt_set, "configuration": name, **record} for record in records)
                 metrics = waltz_metrics(records)
@@ -195,6 +196,23 @@ def play(
     finally:
         engine.close()
     return trajectories, engine.failed_episodes
+
+
+def check_engine(trajectories: Sequence[Trajectory], played: str, baseline_dir: str | Path) -> None:
+    """Raise :class:`~agentrl.faults.EngineLost` if an episode of ``played`` failed because the
+    inference engine died: every later configuration would fail too, and a table of failures is no
+    table. (Episodes that failed otherwise are counted in the table's ``failed`` column.)"""
+    from agentrl.faults import EngineLost
+    from agentrl.policies.supervisor import ENGINE_DEATHS
+    from agentrl.rollout.stats import failure_cause
+
+    dead = [t.error for t in trajectories if t.error is not None and failure_cause(t.error) in ENGINE_DEATHS]
+    if dead:
+        raise EngineLost(
+            f"the inference engine died while playing {played} ({len(dead)} episodes lost: {dead[0][:160]}); "
+            f"no table was written. Run the same command again: the single-model RL baseline in {baseline_dir} "
+            "is kept and not trained again."
+        )
 
 
 def evaluation_kwargs(env_kwargs: Mapping[str, Any], prompts: str) -> dict[str, Any]:

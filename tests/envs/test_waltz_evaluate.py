@@ -20,7 +20,7 @@ from agentrl.envs.waltz.metrics import (
     waltz_metrics,
     wilson,
 )
-from agentrl.recipes.waltzrl.evaluate import evaluation_kwargs, seed_summary, single_model_config
+from agentrl.recipes.waltzrl.evaluate import check_engine, evaluation_kwargs, seed_summary, single_model_config
 from agentrl.recipes.waltzrl.hooks import waltz_step_metrics
 from agentrl.train.config import TrainConfig
 from agentrl.types import Trajectory
@@ -281,3 +281,15 @@ def test_waltz_table_compare_takes_name_equals_run_dir():
 
     result = CliRunner().invoke(app, ["waltz-table", "recipes/waltzrl/waltzrl.yaml", "--compare", "runs/other"])
     assert result.exit_code == 2 and "--compare takes NAME=RUN_DIR" in result.output, result.output
+
+
+def test_the_table_stops_with_one_message_when_its_engine_died_and_counts_other_failures():
+    from agentrl.faults import EngineLost
+
+    timeout = Trajectory(agent_id="conversation", error="EpisodeTimeout: the turn ran past 60 s (during step)")
+    check_engine([Trajectory(agent_id="conversation"), timeout], "WaltzRL on builtin", "runs/x-single")  # counted
+    dead = Trajectory(agent_id="feedback", error="EngineDeadError: EngineCore encountered an issue. (during generate)")
+    with pytest.raises(EngineLost, match=r"engine died while playing WaltzRL on builtin \(1 episodes lost: EngineDead"):
+        check_engine([timeout, dead], "WaltzRL on builtin", "runs/x-single")
+    with pytest.raises(EngineLost, match="no table was written. Run the same command again: .* runs/x-single"):
+        check_engine([dead], "WaltzRL on builtin", "runs/x-single")
